@@ -17,7 +17,20 @@ from typing import Any, Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlboost.engine.config import EngineConfig
+from rlboost.models.config import ModelConfig
+
 T = TypeVar("T")
+
+
+@dataclasses.dataclass
+class RLBoostConfig:
+    """The whole run's config: one section per component (more arrive with the trainer and rollout)."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """The policy checkpoint."""
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    """The rollout engine."""
 
 
 class ConfigError(ValueError):

@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.kv_cache import KVCache
-from rlboost.engine.model_runner import ModelRunner
+from rlboost.engine.model_runner import ModelRunner, check_supported
 from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import sample
 from rlboost.engine.sampling_params import SamplingParams
@@ -62,6 +62,7 @@ class LLMEngine:
             raise ValueError(f"engine.stream_interval must be >= 1, got {config.stream_interval}")
         if config.max_num_seqs < 1:
             raise ValueError(f"engine.max_num_seqs must be >= 1, got {config.max_num_seqs}")
+        check_supported(model.config)
         self.device = resolve_device(config.device)
         self.model = model.to(self.device).eval()
         model_config = model.config

@@ -68,6 +68,15 @@ class _Layer:
         self.scaling = attn.scaling
 
 
+def check_supported(config) -> None:
+    """Raise ValueError unless the engine can run models with this transformers config."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model type {config.model_type!r} is not supported by the rollout engine; "
+                         f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []):
+        raise ValueError("sliding-window attention layers are not supported by the rollout engine")
+
+
 class ModelRunner:
     """Runs forward passes for batches of sequences that occupy contiguous cache slots.
 
@@ -76,11 +85,7 @@ class ModelRunner:
 
     def __init__(self, model: PreTrainedModel, cache: KVCache):
         config = model.config
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise ValueError(f"model type {config.model_type!r} is not supported by the rollout engine; "
-                             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-        if "sliding_attention" in (getattr(config, "layer_types", None) or []):
-            raise ValueError("sliding-window attention layers are not supported by the rollout engine")
+        check_supported(config)
         self.model = model
         self.cache = cache
         self.num_heads = config.num_attention_heads

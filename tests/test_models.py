@@ -1,0 +1,73 @@
+"""Model loading: tiny families built in code, HF checkpoint folders, the bundled SmolLM2 GGUF."""
+
+import shutil
+
+import pytest
+import torch
+
+from rlboost.models import ModelConfig, load_model, tiny_model
+from rlboost.models.loading import bundled_gguf_path, bundled_smollm2_folder
+
+
+def test_tiny_models_are_real_and_seeded(family):
+    a, b, c = tiny_model(family, seed=1), tiny_model(family, seed=1), tiny_model(family, seed=2)
+    assert a.config.model_type == family
+    sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
+    assert all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert not all(torch.equal(sa[k], sc[k]) for k in sa)
+    torch.manual_seed(0)
+    x = torch.rand(1)
+    torch.manual_seed(0)
+    tiny_model(family, seed=3)
+    assert torch.equal(torch.rand(1), x), "building a tiny model must not disturb the global RNG"
+    assert sum(p.numel() for p in a.parameters()) < 200_000
+    if family == "qwen2":
+        assert a.model.layers[0].self_attn.q_proj.bias.abs().sum() > 0
+    if family == "qwen3":
+        assert hasattr(a.model.layers[0].self_attn, "q_norm")
+
+
+def test_load_model_errors():
+    with pytest.raises(ValueError, match="tiny:llama, tiny:qwen2, tiny:qwen3"):
+        load_model(ModelConfig(path="tiny:gpt9"))
+    with pytest.raises(FileNotFoundError, match="neither"):
+        load_model(ModelConfig(path="/nonexistent/model"))
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_model(ModelConfig(path="tiny:llama", dtype="float8"))
+
+
+def test_bundled_smollm2(smollm2):
+    model, tok = smollm2.model, smollm2.tokenizer
+    assert model.config.model_type == "llama" and model.config.num_hidden_layers == 30
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+    assert model.dtype == torch.float32
+    assert smollm2.eos_token_ids == [tok.convert_tokens_to_ids("<|im_end|>")]
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|im_start|>assistant\n") and "<|im_start|>user\nhi<|im_end|>" in text
+
+
+def test_hf_checkpoint_folder_roundtrip(tmp_path, smollm2):
+    """A Qwen3 checkpoint saved as an HF folder (safetensors + config + tokenizer) loads back identically."""
+    model = tiny_model("qwen3", seed=4)
+    model.save_pretrained(tmp_path)
+    smollm2.tokenizer.save_pretrained(tmp_path)
+    loaded = load_model(ModelConfig(path=str(tmp_path)))
+    assert loaded.model.config.model_type == "qwen3" and loaded.tokenizer is not None
+    ref = model.state_dict()
+    assert all(torch.equal(v, ref[k]) for k, v in loaded.model.state_dict().items())
+    assert load_model(ModelConfig(path=str(tmp_path), dtype="bfloat16")).model.dtype == torch.bfloat16
+
+
+def test_gguf_conversion_is_faithful(tmp_path, monkeypatch, smollm2):
+    """Loading the GGUF directly (as transformers does) gives the weights of our converted cache folder."""
+    monkeypatch.setenv("RLBOOST_CACHE", str(tmp_path / "cache"))
+    gguf = bundled_gguf_path()
+    link = tmp_path / "gguf" / gguf.name
+    link.parent.mkdir()
+    link.symlink_to(gguf)
+    direct = load_model(ModelConfig(path=str(link)))
+    converted = smollm2.model.state_dict()
+    assert all(torch.equal(v, converted[k]) for k, v in direct.model.state_dict().items())
+    folder = bundled_smollm2_folder()  # a fresh cache: converts now
+    assert (folder / "model.safetensors").is_file() and str(folder).startswith(str(tmp_path))
+    shutil.rmtree(tmp_path / "cache")
