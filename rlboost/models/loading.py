@@ -54,6 +54,7 @@ def cache_dir() -> Path:
 
 
 def load_model(config: ModelConfig) -> LoadedModel:
+    transformers.utils.logging.disable_progress_bar()  # one bar per load is noise in logs and tests
     dtype = torch_dtype(config.dtype)
     path = config.path
     if path.startswith("tiny:"):

@@ -1,0 +1,40 @@
+"""What this device can do at best: dense matmul FLOP/s and memory copy bandwidth, measured now."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _best_time(fn, device: torch.device, repeats: int) -> float:
+    fn()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
+    """Peak-ish FLOP/s of a large square matmul in `dtype` (best of several runs)."""
+    n = 2048 if device.type == "cpu" else 8192
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n**3 / _best_time(lambda: a @ b, device, repeats=5 if device.type == "cpu" else 20)
+
+
+def memory_bandwidth(device: torch.device) -> float:
+    """Bytes per second moved by a large tensor copy (read + write), STREAM-copy style."""
+    numel = (256 if device.type == "cpu" else 2048) * 2**20 // 4
+    src = torch.empty(numel, device=device, dtype=torch.float32).fill_(1.0)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 4 / _best_time(lambda: dst.copy_(src), device, repeats=5)

@@ -1,0 +1,115 @@
+"""The `rlboost` command.
+
+    rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
+    rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console()
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from rlboost.bench.engine import EngineBenchConfig, bench_engine, render
+
+    cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
+                            new_tokens=args.new_tokens, device=args.device, dtype=args.dtype,
+                            hf_baseline=not args.no_hf)
+    with console.status("benchmarking the engine (engine, then HF generate, then the hardware roofline)..."):
+        result = bench_engine(cfg)
+    console.print(render(result))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {path}")
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from rlboost.config import RLBoostConfig, load_config
+    from rlboost.engine import LLMEngine, SamplingParams
+    from rlboost.models import load_model
+
+    cfg = load_config(RLBoostConfig, args.config, args.overrides)
+    loaded = load_model(cfg.model)
+    if loaded.tokenizer is None:
+        raise SystemExit(f"error: model {cfg.model.path!r} has no tokenizer; `generate` needs text in and out")
+    engine = LLMEngine(loaded.model, cfg.engine, eos_token_ids=loaded.eos_token_ids)
+    tok = loaded.tokenizer
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
+                            seed=args.seed)
+    for i, text in enumerate(args.prompt):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)["input_ids"]
+        engine.add(str(i), list(ids), params)
+    responses: dict[str, list[int]] = {str(i): [] for i in range(len(args.prompt))}
+    single = len(args.prompt) == 1
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            before = tok.decode(responses[chunk.request_id], skip_special_tokens=True)
+            responses[chunk.request_id] += chunk.token_ids
+            if single:  # stream the text as the chunks arrive
+                text = tok.decode(responses[chunk.request_id], skip_special_tokens=True)
+                console.print(text[len(before):], end="", markup=False, highlight=False)
+    if single:
+        console.print()
+    else:
+        for i, text in enumerate(args.prompt):
+            console.rule(text)
+            console.print(tok.decode(responses[str(i)], skip_special_tokens=True), markup=False, highlight=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlboost", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
+    engine = bench.add_parser("engine", help="engine decode throughput vs HF generate and the roofline")
+    engine.add_argument("--model", default="smollm2", help="model.path to benchmark (default: the bundled SmolLM2)")
+    engine.add_argument("--batch", type=int, default=32)
+    engine.add_argument("--prompt-len", type=int, default=64)
+    engine.add_argument("--new-tokens", type=int, default=64)
+    engine.add_argument("--device", default="auto")
+    engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
+    engine.add_argument("--json", help="write the results to this JSON file")
+    engine.set_defaults(func=_bench_engine)
+
+    gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
+    gen.add_argument("config", nargs="?", help="YAML config (optional)")
+    gen.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.stream_interval=4")
+    gen.add_argument("--prompt", action="append", required=True, help="a user message (repeat for a batch)")
+    gen.add_argument("--max-tokens", type=int, default=128)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "config", None) and "=" in args.config:  # `rlboost generate key=value` with no YAML
+        args.overrides.insert(0, args.config)
+        args.config = None
+    from rlboost.config import ConfigError
+    from rlboost.engine import InvalidRequestError
+
+    try:
+        return args.func(args)
+    except (ConfigError, InvalidRequestError, FileNotFoundError) as e:
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
