@@ -56,3 +56,20 @@ def test_generation_stops_at_context_end():
     engine = make_engine("qwen2", max_model_len=20)
     out = engine.generate([list(range(3, 18))], SamplingParams(max_tokens=100))[0]
     assert len(out.token_ids) == 5 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("interval", [1, 4, 8])
+def test_unstreamed_tokens_stay_below_interval(interval):
+    """Invariant 4's engine half: a worker dying now loses fewer than stream_interval tokens per request,
+    because everything older has already been streamed."""
+    prompts = random_prompts([4, 9, 6, 13], seed=3)
+    for abort_after in (1, 2, 5, 9, 14):
+        engine = make_engine("llama", stream_interval=interval)
+        for i, p in enumerate(prompts):
+            engine.add(f"r{i}", p, SamplingParams(temperature=1.0, max_tokens=40, seed=i))
+        streamed = {f"r{i}": 0 for i in range(len(prompts))}
+        for _ in range(abort_after):
+            for chunk in engine.step():
+                streamed[chunk.request_id] += len(chunk.token_ids)
+        for rid, partial in engine.abort(list(streamed)).items():
+            assert 0 <= len(partial.token_ids) - streamed[rid] < interval

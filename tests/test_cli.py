@@ -1,0 +1,60 @@
+"""The `rlboost` command: bench engine writes its JSON, generate streams text, bad input exits 2."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlboost.cli import main
+
+BENCH_KEYS = {"engine_tokens_per_s", "hf_generate_tokens_per_s", "roofline_tokens_per_s", "batch", "device",
+              "engine_vs_roofline", "engine_vs_hf"}
+
+
+def test_bench_engine_writes_json(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = main(["bench", "engine", "--model", "tiny:llama", "--batch", "4", "--prompt-len", "8",
+               "--new-tokens", "6", "--device", "cpu", "--json", str(path)])
+    assert rc == 0
+    result = json.loads(path.read_text())
+    assert BENCH_KEYS <= set(result)
+    assert result["batch"] == 4 and result["device"] == "cpu"
+    assert result["engine_tokens_per_s"] > 0 and result["roofline_tokens_per_s"] > 0
+    assert result["engine_vs_hf"] == pytest.approx(result["engine_tokens_per_s"] / result["hf_generate_tokens_per_s"])
+    assert result["outputs_identical_to_hf"] == 1.0  # both decoded the same greedy batch
+    assert "HF generate" in capsys.readouterr().out
+
+
+def test_generate_streams_an_answer(capsys):
+    rc = main(["generate", "engine.stream_interval=2", "--prompt", "What is the capital of France?",
+               "--max-tokens", "12"])
+    assert rc == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_config_errors_exit_2_with_the_key(capsys):
+    rc = main(["generate", "engine.max_num_seq=4", "--prompt", "hi"])
+    assert rc == 2
+    out = capsys.readouterr().out
+    assert "unknown config key `engine.max_num_seq`" in out and "max_num_seqs" in out
+
+
+def test_console_script_is_installed():
+    script = Path(sys.executable).parent / "rlboost"
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "bench" in out.stdout and "generate" in out.stdout
+
+
+@pytest.mark.slow
+def test_bench_engine_default_workload(tmp_path):
+    """The README's benchmark: SmolLM2 fp32, batch 32, 64 new tokens. Ratios measured in one run."""
+    path = tmp_path / "bench.json"
+    assert main(["bench", "engine", "--json", str(path)]) == 0
+    r = json.loads(path.read_text())
+    print(f"\nengine {r['engine_tokens_per_s']:.0f} tok/s, HF generate {r['hf_generate_tokens_per_s']:.0f} tok/s "
+          f"({r['engine_vs_hf']:.2f}x), roofline {r['roofline_tokens_per_s']:.0f} tok/s "
+          f"({r['engine_vs_roofline']:.0%})")
+    assert r["outputs_identical_to_hf"] == 1.0
+    assert r["engine_vs_hf"] > 1.0
