@@ -21,7 +21,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
 
     cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, device=args.device, dtype=args.dtype,
-                            hf_baseline=not args.no_hf)
+                            hf_baseline=not args.no_hf, compare_cpu_linear=args.compare_cpu_linear)
     with console.status("benchmarking the engine (engine, then HF generate, then the hardware roofline)..."):
         result = bench_engine(cfg)
     console.print(render(result))
@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--device", default="auto")
     engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     engine.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
+    engine.add_argument("--compare-cpu-linear", action="store_true",
+                        help="on CPU, also time engine.cpu_linear=torch (F.linear) in the same run")
     engine.add_argument("--json", help="write the results to this JSON file")
     engine.set_defaults(func=_bench_engine)
 

@@ -46,3 +46,17 @@ def test_bad_values_and_malformed_overrides(tmp_path):
     bad.write_text("engine: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(RLBoostConfig, bad)
+
+
+def test_shipped_configs_are_valid_and_complete():
+    import dataclasses
+    import typing
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    path = Path(__file__).parent.parent / "configs" / "engine.yaml"
+    assert load_config(RLBoostConfig, path) == RLBoostConfig()  # it documents the defaults, exactly
+    data = OmegaConf.to_container(OmegaConf.load(path))
+    for name, schema in typing.get_type_hints(RLBoostConfig).items():
+        assert set(data[name]) == {f.name for f in dataclasses.fields(schema)}

@@ -52,6 +52,8 @@ def test_duplicate_active_id_rejected():
 def test_invalid_engine_config():
     with pytest.raises(ValueError, match="stream_interval must be >= 1"):
         make_engine("llama", stream_interval=0)
+    with pytest.raises(ValueError, match="engine.cpu_linear must be one of onednn, torch"):
+        make_engine("llama", cpu_linear="mkl")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             make_engine("llama", device="cuda")

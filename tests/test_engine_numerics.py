@@ -46,12 +46,13 @@ def test_logprobs_match_hf_forward(family, temperature):
         assert err < LOGPROB_TOL, f"r{i}: max |logprob error| {err:.2e}"
 
 
-def test_matches_hf_with_plain_torch_linear(family, monkeypatch):
-    """The F.linear fallback (non-CPU devices, or PyTorch without oneDNN) computes the same."""
-    monkeypatch.setattr(model_runner, "linear_fn", lambda device, dtype: torch.nn.functional.linear)
+def test_matches_hf_with_plain_torch_linear(family):
+    """engine.cpu_linear=torch (F.linear: also the path on CUDA) computes the same."""
     reference = tiny_model(family, seed=3)
-    engine = make_engine(family, seed=3)
+    engine = make_engine(family, seed=3, cpu_linear="torch")
     assert engine.runner.linear is torch.nn.functional.linear
+    if torch.backends.mkldnn.is_available():
+        assert make_engine(family).runner.linear is model_runner._onednn_linear
     prompts = random_prompts([6, 19], seed=4)
     outs = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=16))
     for prompt, out in zip(prompts, outs):

@@ -36,6 +36,8 @@ class EngineBenchConfig:
     """Weights' dtype."""
     hf_baseline: bool = True
     """Also time HF generate (the slowest part; turn off for a quick engine-only number)."""
+    compare_cpu_linear: bool = False
+    """On CPU, also time the engine with engine.cpu_linear=torch (F.linear) against the default oneDNN."""
     seed: int = 0
     """Seed of the random prompts."""
 
@@ -46,35 +48,61 @@ def _timed(fn):
     return out, time.perf_counter() - start
 
 
-def bench_engine(cfg: EngineBenchConfig) -> dict:
-    device = resolve_device(cfg.device)
-    loaded = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype))
-    dtype = next(loaded.model.parameters()).dtype
-    params_count = sum(p.numel() for p in loaded.model.parameters())  # tied weights counted once
-    weight_bytes = sum(p.numel() * p.element_size() for p in loaded.model.parameters())
-    vocab = loaded.model.config.vocab_size
-    g = torch.Generator().manual_seed(cfg.seed)
-    prompts = torch.randint(0, vocab, (cfg.batch, cfg.prompt_len), generator=g).tolist()
-
-    engine = LLMEngine(loaded.model, EngineConfig(device=str(device), max_num_seqs=cfg.batch,
-                                                  max_num_batched_tokens=max(4096, cfg.batch * cfg.prompt_len)))
-    greedy = SamplingParams(temperature=0, max_tokens=cfg.new_tokens, ignore_eos=True)
+def _time_engine(cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]], **engine_options):
+    """(tokens per request, prefill seconds, decode seconds) of one greedy batch on a fresh engine."""
+    model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model
+    engine = LLMEngine(model, EngineConfig(device=str(device), max_num_seqs=cfg.batch,
+                                           max_num_batched_tokens=max(4096, cfg.batch * cfg.prompt_len),
+                                           **engine_options))
     engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))  # warm-up
+    greedy = SamplingParams(temperature=0, max_tokens=cfg.new_tokens, ignore_eos=True)
     for i, prompt in enumerate(prompts):
-        engine.add(f"bench-{i}", prompt, greedy)
-    outputs: dict[str, list[int]] = {f"bench-{i}": [] for i in range(cfg.batch)}
+        engine.add(str(i), prompt, greedy)
+    outputs: list[list[int]] = [[] for _ in prompts]
 
     def run_until(done):
         while not done():
             for chunk in engine.step():
-                outputs[chunk.request_id] += chunk.token_ids
+                outputs[int(chunk.request_id)] += chunk.token_ids
 
     _, prefill_s = _timed(lambda: run_until(lambda: engine.num_waiting == 0))
     _, decode_s = _timed(lambda: run_until(lambda: not engine.has_unfinished()))
-    decode_tokens = cfg.batch * (cfg.new_tokens - 1)
+    return outputs, prefill_s, decode_s
 
+
+def _time_hf(cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]]):
+    """(tokens per request, prefill seconds, total seconds) of HF generate on the same greedy batch."""
+    model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model.to(device)
+    ids = torch.tensor(prompts, device=device)
+
+    def generate(n):
+        with torch.inference_mode():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, eos_token_id=None, pad_token_id=0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+
+    generate(3)  # warm-up
+    _, prefill_s = _timed(lambda: generate(1))
+    out, total_s = _timed(lambda: generate(cfg.new_tokens))
+    return out[:, cfg.prompt_len:].tolist(), prefill_s, total_s
+
+
+def bench_engine(cfg: EngineBenchConfig) -> dict:
+    device = resolve_device(cfg.device)
+    probe = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype))
+    params = list(probe.model.parameters())  # tied weights counted once
+    params_count = sum(p.numel() for p in params)
+    weight_bytes = sum(p.numel() * p.element_size() for p in params)
+    dtype = params[0].dtype
+    g = torch.Generator().manual_seed(cfg.seed)
+    prompts = torch.randint(0, probe.model.config.vocab_size, (cfg.batch, cfg.prompt_len), generator=g).tolist()
+    decode_tokens = cfg.batch * (cfg.new_tokens - 1)  # the first token of each request comes from prefill
+
+    outputs, prefill_s, decode_s = _time_engine(cfg, device, prompts)
     result = {
-        "model": loaded.name,
+        "model": probe.name,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(dtype).removeprefix("torch."),
@@ -86,32 +114,21 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
         "engine_prefill_s": prefill_s,
         "engine_e2e_tokens_per_s": cfg.batch * cfg.new_tokens / (prefill_s + decode_s),
     }
+    if cfg.compare_cpu_linear and device.type == "cpu":
+        _, _, torch_decode_s = _time_engine(cfg, device, prompts, cpu_linear="torch")
+        result["engine_torch_linear_tokens_per_s"] = decode_tokens / torch_decode_s
+        result["onednn_vs_torch_linear"] = result["engine_tokens_per_s"] / result["engine_torch_linear_tokens_per_s"]
 
     if cfg.hf_baseline:
-        hf = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model.to(device)
-        ids = torch.tensor(prompts, device=device)
-
-        def hf_generate(n):
-            with torch.inference_mode():
-                out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                  do_sample=False, eos_token_id=None, pad_token_id=0)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            return out
-
-        hf_generate(3)  # warm-up
-        _, hf_prefill_s = _timed(lambda: hf_generate(1))
-        hf_out, hf_total_s = _timed(lambda: hf_generate(cfg.new_tokens))
-        hf_tokens = hf_out[:, cfg.prompt_len:].tolist()
+        hf_tokens, hf_prefill_s, hf_total_s = _time_hf(cfg, device, prompts)
         result.update({
             "hf_generate_tokens_per_s": decode_tokens / max(hf_total_s - hf_prefill_s, 1e-9),
             "hf_prefill_s": hf_prefill_s,
             "hf_e2e_tokens_per_s": cfg.batch * cfg.new_tokens / hf_total_s,
-            "outputs_identical_to_hf": sum(outputs[f"bench-{i}"] == hf_tokens[i] for i in range(cfg.batch)) / cfg.batch,
+            "outputs_identical_to_hf": sum(a == b for a, b in zip(outputs, hf_tokens)) / cfg.batch,
         })
         result["engine_vs_hf"] = result["engine_tokens_per_s"] / result["hf_generate_tokens_per_s"]
         result["engine_e2e_vs_hf_e2e"] = result["engine_e2e_tokens_per_s"] / result["hf_e2e_tokens_per_s"]
-        del hf
 
     flops = hardware.matmul_flops(device, dtype)
     bandwidth = hardware.memory_bandwidth(device)
@@ -139,6 +156,9 @@ def render(result: dict) -> "rich.table.Table":  # noqa: F821
     table.add_column("engine / this", justify="right")
     eng = result["engine_tokens_per_s"]
     table.add_row("rlboost engine (decode)", f"{eng:,.0f}", "1.00")
+    if "engine_torch_linear_tokens_per_s" in result:
+        table.add_row("rlboost engine, engine.cpu_linear=torch (decode)",
+                      f"{result['engine_torch_linear_tokens_per_s']:,.0f}", f"{result['onednn_vs_torch_linear']:.2f}x")
     if "hf_generate_tokens_per_s" in result:
         hf = result["hf_generate_tokens_per_s"]
         table.add_row("HF generate (decode)", f"{hf:,.0f}", f"{eng / hf:.2f}x")

@@ -28,5 +28,10 @@ class EngineConfig:
     kv_cache_init_len: int = 256
     """Initial per-slot KV capacity in tokens; it doubles on demand up to max_model_len."""
 
+    cpu_linear: str = "onednn"
+    """GEMM backend on CPU: `onednn` (oneDNN's small-batch kernels, the faster one on AVX-512 machines;
+    falls back to `torch` when PyTorch lacks oneDNN) or `torch` (F.linear, i.e. MKL/OpenBLAS).
+    `rlboost bench engine --compare-cpu-linear` measures both on your machine."""
+
     seed: int = 0
     """Seed from which requests that give no seed of their own get one."""

@@ -75,7 +75,7 @@ class LLMEngine:
             num_layers=model_config.num_hidden_layers, num_kv_heads=model_config.num_key_value_heads,
             head_dim=head_dim, max_slots=config.max_num_seqs, max_len=self.max_model_len,
             dtype=next(model.parameters()).dtype, device=self.device, init_len=config.kv_cache_init_len)
-        self.runner = ModelRunner(self.model, self.cache)
+        self.runner = ModelRunner(self.model, self.cache, config.cpu_linear)
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.weight_version = weight_version
         self.asleep = False

@@ -26,9 +26,14 @@ def _onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
-def linear_fn(device: torch.device, dtype: torch.dtype):
-    """The fastest correct linear for this device: oneDNN on CPU when PyTorch has it, else F.linear."""
-    if (device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
+CPU_LINEARS = ("onednn", "torch")
+
+
+def linear_fn(device: torch.device, dtype: torch.dtype, cpu_linear: str = "onednn"):
+    """The linear to use: oneDNN on CPU when asked for and PyTorch has it, else F.linear."""
+    if cpu_linear not in CPU_LINEARS:
+        raise ValueError(f"engine.cpu_linear must be one of {', '.join(CPU_LINEARS)}, got {cpu_linear!r}")
+    if (cpu_linear == "onednn" and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16)
             and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return _onednn_linear
     return F.linear
@@ -83,7 +88,7 @@ class ModelRunner:
     The engine takes ownership of `model`: its projection weights are re-laid out (fused) in place.
     """
 
-    def __init__(self, model: PreTrainedModel, cache: KVCache):
+    def __init__(self, model: PreTrainedModel, cache: KVCache, cpu_linear: str = "onednn"):
         config = model.config
         check_supported(config)
         self.model = model
@@ -98,7 +103,7 @@ class ModelRunner:
         self.norm = inner.norm
         self.lm_head = model.lm_head
         param = next(model.parameters())
-        self.linear = linear_fn(param.device, param.dtype)
+        self.linear = linear_fn(param.device, param.dtype, cpu_linear)
         self.layers = [_Layer(layer) for layer in inner.layers]
         self._apply_rope = _rope_fn(model)
 
