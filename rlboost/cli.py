@@ -20,7 +20,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
     from rlboost.bench.engine import EngineBenchConfig, bench_engine, render
 
     cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
-                            new_tokens=args.new_tokens, device=args.device, dtype=args.dtype,
+                            new_tokens=args.new_tokens, device=args.device, dtype=args.dtype, repeats=args.repeats,
                             hf_baseline=not args.no_hf, compare_cpu_linear=args.compare_cpu_linear)
     with console.status("benchmarking the engine (engine, then HF generate, then the hardware roofline)..."):
         result = bench_engine(cfg)
@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--new-tokens", type=int, default=64)
     engine.add_argument("--device", default="auto")
     engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--repeats", type=int, default=3, help="interleaved rounds; medians are reported")
     engine.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
     engine.add_argument("--compare-cpu-linear", action="store_true",
                         help="on CPU, also time engine.cpu_linear=torch (F.linear) in the same run")

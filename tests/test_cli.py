@@ -16,7 +16,7 @@ BENCH_KEYS = {"engine_tokens_per_s", "hf_generate_tokens_per_s", "roofline_token
 def test_bench_engine_writes_json(tmp_path, capsys):
     path = tmp_path / "bench.json"
     rc = main(["bench", "engine", "--model", "tiny:llama", "--batch", "4", "--prompt-len", "8",
-               "--new-tokens", "6", "--device", "cpu", "--compare-cpu-linear", "--json", str(path)])
+               "--new-tokens", "6", "--device", "cpu", "--compare-cpu-linear", "--repeats", "2", "--json", str(path)])
     assert rc == 0
     result = json.loads(path.read_text())
     assert BENCH_KEYS <= set(result)
@@ -25,6 +25,7 @@ def test_bench_engine_writes_json(tmp_path, capsys):
     assert result["engine_vs_hf"] == pytest.approx(result["engine_tokens_per_s"] / result["hf_generate_tokens_per_s"])
     assert result["outputs_identical_to_hf"] == 1.0  # both decoded the same greedy batch
     assert result["engine_torch_linear_tokens_per_s"] > 0
+    assert len(result["samples"]["engine"]["decode_s"]) == 2 and len(result["samples"]["matmul_flops"]) == 2
     assert "HF generate" in capsys.readouterr().out
 
 

@@ -3,12 +3,15 @@
 All numbers come from one run on one machine: the engine and HF `generate` decode the same greedy
 batch (same prompts, same lengths, EOS ignored); the roofline is this device's measured matmul
 FLOP/s over 2 x parameters (the FLOPs of one token). Decode throughput excludes the prefill, which
-is timed separately for both (HF: a max_new_tokens=1 run).
+is timed separately for both (HF: a max_new_tokens=1 run). Shared machines drift by tens of percent
+within a minute, so the contenders (and the matmul measurement) take turns for `repeats` rounds and
+the report gives medians; every sample is kept in the JSON.
 """
 
 from __future__ import annotations
 
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass
 
@@ -34,6 +37,8 @@ class EngineBenchConfig:
     """cpu, cuda or auto."""
     dtype: str = "float32"
     """Weights' dtype."""
+    repeats: int = 3
+    """Rounds in which every contender runs once; medians are reported."""
     hf_baseline: bool = True
     """Also time HF generate (the slowest part; turn off for a quick engine-only number)."""
     compare_cpu_linear: bool = False
@@ -42,51 +47,60 @@ class EngineBenchConfig:
     """Seed of the random prompts."""
 
 
-def _timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
+class _EngineRun:
+    """Our engine, built and warmed once; each call decodes the batch anew."""
+
+    def __init__(self, cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]], **engine_options):
+        model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model
+        self.engine = LLMEngine(model, EngineConfig(device=str(device), max_num_seqs=cfg.batch,
+                                                    max_num_batched_tokens=max(4096, cfg.batch * cfg.prompt_len),
+                                                    **engine_options))
+        self.prompts = prompts
+        self.params = SamplingParams(temperature=0, max_tokens=cfg.new_tokens, ignore_eos=True)
+        self.engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))  # warm-up
+
+    def __call__(self) -> tuple[list[list[int]], float, float]:
+        """(tokens per request, prefill seconds, decode seconds)."""
+        engine = self.engine
+        for i, prompt in enumerate(self.prompts):
+            engine.add(f"bench-{i}", prompt, self.params)
+        outputs: list[list[int]] = [[] for _ in self.prompts]
+
+        def run_until(done) -> float:
+            start = time.perf_counter()
+            while not done():
+                for chunk in engine.step():
+                    outputs[int(chunk.request_id.removeprefix("bench-"))] += chunk.token_ids
+            return time.perf_counter() - start
+
+        prefill_s = run_until(lambda: engine.num_waiting == 0)
+        decode_s = run_until(lambda: not engine.has_unfinished())
+        return outputs, prefill_s, decode_s
 
 
-def _time_engine(cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]], **engine_options):
-    """(tokens per request, prefill seconds, decode seconds) of one greedy batch on a fresh engine."""
-    model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model
-    engine = LLMEngine(model, EngineConfig(device=str(device), max_num_seqs=cfg.batch,
-                                           max_num_batched_tokens=max(4096, cfg.batch * cfg.prompt_len),
-                                           **engine_options))
-    engine.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))  # warm-up
-    greedy = SamplingParams(temperature=0, max_tokens=cfg.new_tokens, ignore_eos=True)
-    for i, prompt in enumerate(prompts):
-        engine.add(str(i), prompt, greedy)
-    outputs: list[list[int]] = [[] for _ in prompts]
+class _HFRun:
+    """HF generate on the same batch; decode time = full run - a max_new_tokens=1 run."""
 
-    def run_until(done):
-        while not done():
-            for chunk in engine.step():
-                outputs[int(chunk.request_id)] += chunk.token_ids
+    def __init__(self, cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]]):
+        self.model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model.to(device)
+        self.ids = torch.tensor(prompts, device=device)
+        self.device = device
+        self.cfg = cfg
+        self._generate(3)  # warm-up
 
-    _, prefill_s = _timed(lambda: run_until(lambda: engine.num_waiting == 0))
-    _, decode_s = _timed(lambda: run_until(lambda: not engine.has_unfinished()))
-    return outputs, prefill_s, decode_s
-
-
-def _time_hf(cfg: EngineBenchConfig, device: torch.device, prompts: list[list[int]]):
-    """(tokens per request, prefill seconds, total seconds) of HF generate on the same greedy batch."""
-    model = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype)).model.to(device)
-    ids = torch.tensor(prompts, device=device)
-
-    def generate(n):
+    def _generate(self, n: int) -> tuple[torch.Tensor, float]:
+        start = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                 do_sample=False, eos_token_id=None, pad_token_id=0)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return out
+            out = self.model.generate(self.ids, attention_mask=torch.ones_like(self.ids), max_new_tokens=n,
+                                      min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out, time.perf_counter() - start
 
-    generate(3)  # warm-up
-    _, prefill_s = _timed(lambda: generate(1))
-    out, total_s = _timed(lambda: generate(cfg.new_tokens))
-    return out[:, cfg.prompt_len:].tolist(), prefill_s, total_s
+    def __call__(self) -> tuple[list[list[int]], float, float]:
+        _, prefill_s = self._generate(1)
+        out, total_s = self._generate(self.cfg.new_tokens)
+        return out[:, self.cfg.prompt_len:].tolist(), prefill_s, max(total_s - prefill_s, 1e-9)
 
 
 def bench_engine(cfg: EngineBenchConfig) -> dict:
@@ -98,11 +112,37 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
     dtype = params[0].dtype
     g = torch.Generator().manual_seed(cfg.seed)
     prompts = torch.randint(0, probe.model.config.vocab_size, (cfg.batch, cfg.prompt_len), generator=g).tolist()
+    del probe
     decode_tokens = cfg.batch * (cfg.new_tokens - 1)  # the first token of each request comes from prefill
 
-    outputs, prefill_s, decode_s = _time_engine(cfg, device, prompts)
+    contenders = {"engine": _EngineRun(cfg, device, prompts)}
+    if cfg.compare_cpu_linear and device.type == "cpu":
+        contenders["engine_torch_linear"] = _EngineRun(cfg, device, prompts, cpu_linear="torch")
+    if cfg.hf_baseline:
+        contenders["hf_generate"] = _HFRun(cfg, device, prompts)
+
+    samples: dict[str, dict[str, list[float]]] = {name: {"prefill_s": [], "decode_s": []} for name in contenders}
+    outputs: dict[str, list[list[int]]] = {}
+    flops_samples, bandwidth_samples = [], []
+    for _ in range(cfg.repeats):
+        for name, run in contenders.items():
+            outputs[name], prefill_s, decode_s = run()
+            samples[name]["prefill_s"].append(prefill_s)
+            samples[name]["decode_s"].append(decode_s)
+        flops_samples.append(hardware.matmul_flops(device, dtype))
+        bandwidth_samples.append(hardware.memory_bandwidth(device))
+
+    def decode_rate(name: str) -> float:
+        return decode_tokens / statistics.median(samples[name]["decode_s"])
+
+    def e2e_rate(name: str) -> float:
+        s = samples[name]
+        return cfg.batch * cfg.new_tokens / statistics.median(p + d for p, d in zip(s["prefill_s"], s["decode_s"]))
+
+    flops = statistics.median(flops_samples)
+    bandwidth = statistics.median(bandwidth_samples)
     result = {
-        "model": probe.name,
+        "model": cfg.model,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "dtype": str(dtype).removeprefix("torch."),
@@ -110,39 +150,32 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
         "prompt_len": cfg.prompt_len,
         "new_tokens": cfg.new_tokens,
         "parameters": params_count,
-        "engine_tokens_per_s": decode_tokens / decode_s,
-        "engine_prefill_s": prefill_s,
-        "engine_e2e_tokens_per_s": cfg.batch * cfg.new_tokens / (prefill_s + decode_s),
-    }
-    if cfg.compare_cpu_linear and device.type == "cpu":
-        _, _, torch_decode_s = _time_engine(cfg, device, prompts, cpu_linear="torch")
-        result["engine_torch_linear_tokens_per_s"] = decode_tokens / torch_decode_s
-        result["onednn_vs_torch_linear"] = result["engine_tokens_per_s"] / result["engine_torch_linear_tokens_per_s"]
-
-    if cfg.hf_baseline:
-        hf_tokens, hf_prefill_s, hf_total_s = _time_hf(cfg, device, prompts)
-        result.update({
-            "hf_generate_tokens_per_s": decode_tokens / max(hf_total_s - hf_prefill_s, 1e-9),
-            "hf_prefill_s": hf_prefill_s,
-            "hf_e2e_tokens_per_s": cfg.batch * cfg.new_tokens / hf_total_s,
-            "outputs_identical_to_hf": sum(a == b for a, b in zip(outputs, hf_tokens)) / cfg.batch,
-        })
-        result["engine_vs_hf"] = result["engine_tokens_per_s"] / result["hf_generate_tokens_per_s"]
-        result["engine_e2e_vs_hf_e2e"] = result["engine_e2e_tokens_per_s"] / result["hf_e2e_tokens_per_s"]
-
-    flops = hardware.matmul_flops(device, dtype)
-    bandwidth = hardware.memory_bandwidth(device)
-    result.update({
+        "repeats": cfg.repeats,
+        "engine_tokens_per_s": decode_rate("engine"),
+        "engine_e2e_tokens_per_s": e2e_rate("engine"),
         "matmul_flops": flops,
         "roofline_tokens_per_s": flops / (2 * params_count),
         "memory_bandwidth_bytes_per_s": bandwidth,
         # Every decode step streams all weights once: at this batch, tokens/s <= batch * BW / bytes.
         "bandwidth_roofline_tokens_per_s": cfg.batch * bandwidth / weight_bytes,
+    }
+    result["engine_vs_roofline"] = result["engine_tokens_per_s"] / result["roofline_tokens_per_s"]
+    if "engine_torch_linear" in contenders:
+        result["engine_torch_linear_tokens_per_s"] = decode_rate("engine_torch_linear")
+        result["onednn_vs_torch_linear"] = result["engine_tokens_per_s"] / result["engine_torch_linear_tokens_per_s"]
+    if "hf_generate" in contenders:
+        result["hf_generate_tokens_per_s"] = decode_rate("hf_generate")
+        result["hf_e2e_tokens_per_s"] = e2e_rate("hf_generate")
+        result["engine_vs_hf"] = result["engine_tokens_per_s"] / result["hf_generate_tokens_per_s"]
+        result["engine_e2e_vs_hf_e2e"] = result["engine_e2e_tokens_per_s"] / result["hf_e2e_tokens_per_s"]
+        same = sum(a == b for a, b in zip(outputs["engine"], outputs["hf_generate"]))
+        result["outputs_identical_to_hf"] = same / cfg.batch
+    result.update({
+        "samples": {**samples, "matmul_flops": flops_samples, "memory_bandwidth_bytes_per_s": bandwidth_samples},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "config": asdict(cfg),
     })
-    result["engine_vs_roofline"] = result["engine_tokens_per_s"] / result["roofline_tokens_per_s"]
     return result
 
 
@@ -150,7 +183,8 @@ def render(result: dict) -> "rich.table.Table":  # noqa: F821
     from rich.table import Table
 
     table = Table(title=f"rlboost bench engine: {result['model']}, {result['dtype']}, batch {result['batch']}, "
-                        f"{result['prompt_len']} prompt + {result['new_tokens']} new tokens, {result['device']}")
+                        f"{result['prompt_len']} prompt + {result['new_tokens']} new tokens, {result['device']}, "
+                        f"median of {result['repeats']} interleaved rounds")
     table.add_column("measure")
     table.add_column("tokens/s", justify="right")
     table.add_column("engine / this", justify="right")
