@@ -11,7 +11,6 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
 	# CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e ".[dev]"
