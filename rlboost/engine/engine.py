@@ -82,8 +82,6 @@ class LLMEngine:
         self._active: dict[str, Sequence] = {}
         self._seed_counter = itertools.count()
         self._request_counter = itertools.count()
-        self.num_generated_tokens = 0
-        self.num_prefill_tokens = 0
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -160,9 +158,6 @@ class LLMEngine:
         logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
         uniforms = [uniform(seq.seed, seq.num_tokens) for seq in batch]
         tokens, logprobs = sample(logits, [seq.params for seq in batch], uniforms)
-        if is_prefill:
-            self.num_prefill_tokens += sum(seq.num_tokens for seq in batch)
-        self.num_generated_tokens += len(batch)
 
         chunks, finished = [], []
         for seq, token, logprob in zip(batch, tokens, logprobs):
