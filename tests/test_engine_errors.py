@@ -72,3 +72,37 @@ def test_generate_refuses_a_busy_engine():
     engine.add("a", [5, 6], SamplingParams(max_tokens=4))
     with pytest.raises(EngineStateError, match="idle engine"):
         engine.generate([[7, 8]])
+
+
+@pytest.mark.parametrize("fail_at_step", [0, 3], ids=["prefill", "decode"])
+def test_failed_step_loses_nothing(fail_at_step):
+    """A forward pass that raises (e.g. out of memory) leaves the engine consistent: retrying the
+    step yields exactly the outputs of a run that never failed."""
+    prompts = random_prompts([5, 11, 7], seed=6)
+    params = SamplingParams(temperature=1.0, max_tokens=10, seed=3)
+    reference = make_engine("qwen3").generate(prompts, params)
+    engine = make_engine("qwen3")
+    for i, p in enumerate(prompts):
+        engine.add(f"r{i}", p, params)
+    real_forward, calls = engine.runner.forward, []
+
+    def flaky_forward(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == fail_at_step + 1:
+            raise RuntimeError("simulated out of memory")
+        return real_forward(*args, **kwargs)
+
+    engine.runner.forward = flaky_forward
+    outputs = {f"r{i}": [] for i in range(3)}
+    failures = 0
+    while engine.has_unfinished():
+        try:
+            chunks = engine.step()
+        except RuntimeError as e:
+            assert "simulated" in str(e)
+            failures += 1
+            continue
+        for c in chunks:
+            outputs[c.request_id] += c.token_ids
+    assert failures == 1
+    assert [outputs[f"r{i}"] for i in range(3)] == [r.token_ids for r in reference]

@@ -153,9 +153,16 @@ class LLMEngine:
         batch, is_prefill = self.scheduler.schedule()
         if not batch:
             return []
-        self.cache.reserve(len(self.scheduler.running), max(seq.num_tokens for seq in batch))
-        input_ids, positions, last_index = self._inputs(batch, is_prefill)
-        logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
+        try:
+            self.cache.reserve(len(self.scheduler.running), max(seq.num_tokens for seq in batch))
+            input_ids, positions, last_index = self._inputs(batch, is_prefill)
+            logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
+        except BaseException:
+            # E.g. out of memory growing the cache. Nothing was committed for a decode batch; a prefill
+            # batch goes back to waiting, so a later step never decodes from a cache it never filled.
+            if is_prefill:
+                self.scheduler.unschedule_prefill(batch)
+            raise
         uniforms = [uniform(seq.seed, seq.num_tokens) for seq in batch]
         tokens, logprobs = sample(logits, [seq.params for seq in batch], uniforms)
 

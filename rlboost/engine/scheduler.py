@@ -42,6 +42,13 @@ class Scheduler:
             return batch, True
         return list(self.running), False
 
+    def unschedule_prefill(self, batch: list[Sequence]) -> None:
+        """Undo a prefill admission whose forward pass failed: the batch waits again, first in line."""
+        del self.running[len(self.running) - len(batch):]
+        for seq in reversed(batch):
+            seq.slot, seq.status = None, SequenceStatus.WAITING
+            self.waiting.appendleft(seq)
+
     def remove(self, seqs: list[Sequence], cache: KVCache) -> None:
         """Drop sequences (finished or aborted) from the queue or their slots, keeping slots compact."""
         leaving = {id(s) for s in seqs}
