@@ -10,7 +10,6 @@ the report gives medians; every sample is kept in the JSON.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -144,7 +143,7 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
     result = {
         "model": cfg.model,
         "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "device_name": hardware.device_name(device),
         "dtype": str(dtype).removeprefix("torch."),
         "batch": cfg.batch,
         "prompt_len": cfg.prompt_len,

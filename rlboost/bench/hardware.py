@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,3 +40,17 @@ def memory_bandwidth(device: torch.device) -> float:
     src = torch.empty(numel, device=device, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     return 2 * src.numel() * 4 / _best_time(lambda: dst.copy_(src), device, repeats=5)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU model with its core count."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    cpuinfo = Path("/proc/cpuinfo")
+    model = platform.processor() or "cpu"
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return f"{model}, {torch.get_num_threads()} threads"
