@@ -12,7 +12,7 @@ import dataclasses
 import difflib
 import typing
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Sequence, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -97,7 +97,3 @@ def check_keys(schema: type, data: dict, origin: str, prefix: str = "") -> None:
                 raise ConfigError(f"{origin}: `{dotted}` is a section; give its keys, e.g. {dotted}.<key>=...")
             check_keys(sub, value, origin, prefix=f"{dotted}.")
 
-
-def to_yaml(config: Any) -> str:
-    """The resolved config as YAML, for logs and run folders."""
-    return OmegaConf.to_yaml(OmegaConf.structured(config))

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from rlboost.engine import EngineConfig, EngineStateError, InvalidRequestError, LLMEngine, SamplingParams
-from rlboost.models import tiny_model
 
 from conftest import make_engine, random_prompts
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+from rich.table import Table
 
 from rlboost.bench import hardware
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
@@ -178,9 +179,7 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
     return result
 
 
-def render(result: dict) -> "rich.table.Table":  # noqa: F821
-    from rich.table import Table
-
+def render(result: dict) -> Table:
     table = Table(title=f"rlboost bench engine: {result['model']}, {result['dtype']}, batch {result['batch']}, "
                         f"{result['prompt_len']} prompt + {result['new_tokens']} new tokens, {result['device']}, "
                         f"median of {result['repeats']} interleaved rounds")
