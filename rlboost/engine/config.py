@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+CPU_LINEARS = ("onednn", "torch")
+
 
 @dataclass
 class EngineConfig:
@@ -35,3 +37,12 @@ class EngineConfig:
 
     seed: int = 0
     """Seed from which requests that give no seed of their own get one."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field."""
+        if self.max_num_seqs < 1:
+            raise ValueError(f"engine.max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.stream_interval < 1:
+            raise ValueError(f"engine.stream_interval must be >= 1, got {self.stream_interval}")
+        if self.cpu_linear not in CPU_LINEARS:
+            raise ValueError(f"engine.cpu_linear must be one of {', '.join(CPU_LINEARS)}, got {self.cpu_linear!r}")

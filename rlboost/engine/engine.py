@@ -58,10 +58,7 @@ class LLMEngine:
     def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None,
                  eos_token_ids: Iterable[int] = (), weight_version: int = 0):
         self.config = config = config or EngineConfig()
-        if config.stream_interval < 1:
-            raise ValueError(f"engine.stream_interval must be >= 1, got {config.stream_interval}")
-        if config.max_num_seqs < 1:
-            raise ValueError(f"engine.max_num_seqs must be >= 1, got {config.max_num_seqs}")
+        config.validate()
         check_supported(model.config)
         self.device = resolve_device(config.device)
         self.model = model.to(self.device).eval()
