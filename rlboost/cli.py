@@ -22,7 +22,7 @@ def _bench_engine(args: argparse.Namespace) -> int:
     cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, device=args.device, dtype=args.dtype, repeats=args.repeats,
                             hf_baseline=not args.no_hf, compare_cpu_linear=args.compare_cpu_linear)
-    with console.status("benchmarking the engine (engine, then HF generate, then the hardware roofline)..."):
+    with console.status(f"benchmarking: engine, HF generate and the hardware roofline take turns, {cfg.repeats} rounds..."):
         result = bench_engine(cfg)
     console.print(render(result))
     if args.json:
@@ -54,11 +54,12 @@ def _generate(args: argparse.Namespace) -> int:
     single = len(args.prompt) == 1
     while engine.has_unfinished():
         for chunk in engine.step():
-            before = tok.decode(responses[chunk.request_id], skip_special_tokens=True)
-            responses[chunk.request_id] += chunk.token_ids
+            tokens = responses[chunk.request_id]
             if single:  # stream the text as the chunks arrive
-                text = tok.decode(responses[chunk.request_id], skip_special_tokens=True)
+                before = tok.decode(tokens, skip_special_tokens=True)
+                text = tok.decode(tokens + chunk.token_ids, skip_special_tokens=True)
                 console.print(text[len(before):], end="", markup=False, highlight=False)
+            tokens += chunk.token_ids
     if single:
         console.print()
     else:
@@ -72,15 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlboost", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
+    from rlboost.bench.engine import EngineBenchConfig
+
+    defaults = EngineBenchConfig()
     bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
     engine = bench.add_parser("engine", help="engine decode throughput vs HF generate and the roofline")
-    engine.add_argument("--model", default="smollm2", help="model.path to benchmark (default: the bundled SmolLM2)")
-    engine.add_argument("--batch", type=int, default=32)
-    engine.add_argument("--prompt-len", type=int, default=64)
-    engine.add_argument("--new-tokens", type=int, default=64)
-    engine.add_argument("--device", default="auto")
-    engine.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    engine.add_argument("--repeats", type=int, default=3, help="interleaved rounds; medians are reported")
+    engine.add_argument("--model", default=defaults.model, help="model.path to benchmark (default: the bundled SmolLM2)")
+    engine.add_argument("--batch", type=int, default=defaults.batch)
+    engine.add_argument("--prompt-len", type=int, default=defaults.prompt_len)
+    engine.add_argument("--new-tokens", type=int, default=defaults.new_tokens)
+    engine.add_argument("--device", default=defaults.device)
+    engine.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16", "float16"])
+    engine.add_argument("--repeats", type=int, default=defaults.repeats, help="interleaved rounds; medians are reported")
     engine.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
     engine.add_argument("--compare-cpu-linear", action="store_true",
                         help="on CPU, also time engine.cpu_linear=torch (F.linear) in the same run")
