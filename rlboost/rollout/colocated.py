@@ -1,0 +1,57 @@
+"""Colocated rollout: one engine on the reserved resources generates every sample of a step.
+
+Requests are per sample (a group's `n` samples are independent requests), and a group is yielded
+the moment its last sample finishes, so a consumer can score and train on groups in completion
+order, exactly as it will when samples stream in from many workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+from rlboost.engine import LLMEngine, SamplingParams
+from rlboost.engine.rng import derive_seed
+from rlboost.rollout.sample import Group, Sample
+
+
+def sample_seed(run_seed: int, step: int, row_index: int, sample_index: int) -> int:
+    """A sample's sampling seed: a pure function of where it sits in the run, so a resumed run (or a
+    migrated sample) draws the same numbers."""
+    return derive_seed(derive_seed(derive_seed(run_seed, step), row_index), sample_index)
+
+
+def new_groups(step: int, prompts: Sequence[tuple[int, list[int], object]], n: int, run_seed: int) -> list[Group]:
+    """Empty groups for `prompts` = [(row index, prompt ids, row)], `n` samples each."""
+    groups = []
+    for g, (row_index, prompt_ids, row) in enumerate(prompts):
+        samples = [Sample(uid=f"{step}:{g}:{j}", prompt_ids=list(prompt_ids),
+                          seed=sample_seed(run_seed, step, row_index, j)) for j in range(n)]
+        groups.append(Group(index=g, row_index=row_index, data_source=row.data_source,
+                            ground_truth=row.ground_truth, extra_info=dict(row.extra_info), samples=samples))
+    return groups
+
+
+def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams) -> Iterator[Group]:
+    """Generate every sample of `groups` on `engine`; yield each group as soon as it is complete."""
+    by_uid = {s.uid: s for g in groups for s in g.samples}
+    group_of = {s.uid: g for g in groups for s in g.samples}
+    remaining = {g.index: len(g.samples) for g in groups}
+    for sample in by_uid.values():
+        engine.add(sample.uid, sample.prompt_ids, dataclasses.replace(params, seed=sample.seed))
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            sample = by_uid[chunk.request_id]
+            if chunk.offset != len(sample.response_ids):
+                raise RuntimeError(f"sample {sample.uid}: chunk at offset {chunk.offset} but "
+                                   f"{len(sample.response_ids)} tokens received")
+            sample.response_ids += chunk.token_ids
+            sample.logprobs += chunk.logprobs
+            sample.versions += [chunk.weight_version] * len(chunk.token_ids)
+            if chunk.finished:
+                sample.finish_reason = chunk.finish_reason
+                group = group_of[sample.uid]
+                remaining[group.index] -= 1
+                if remaining[group.index] == 0:
+                    yield group
+

@@ -1,0 +1,48 @@
+"""What a rollout produces: samples (one response each) and GRPO groups (a prompt's `n` samples)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Sample:
+    """One response to one prompt, token by token, with where every token came from."""
+
+    uid: str
+    """Unique within the run: `<step>:<group index>:<sample index>`."""
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    """Behaviour log-prob of each response token (log_softmax(logits / T) of the generating weights)."""
+    versions: list[int] = field(default_factory=list)
+    """Weight version that generated each response token."""
+    seed: int = 0
+    """Sampling seed: the draw of the token at absolute position t depends only on (seed, t)."""
+    finish_reason: str | None = None
+    """`stop` or `length` once finished; None while generating."""
+    reward: float | None = None
+    """The reward function's score of the decoded response, once scored."""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class Group:
+    """A prompt and its `n` samples; GRPO normalises advantages within it, so it trains as a unit."""
+
+    index: int
+    """Position of the prompt in the step's batch."""
+    row_index: int
+    """Index of the prompt's row in the training set (for logs and history keyed by prompt)."""
+    data_source: str
+    ground_truth: Any
+    extra_info: dict
+    samples: list[Sample]
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finished for s in self.samples)

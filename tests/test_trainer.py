@@ -1,0 +1,174 @@
+"""The GRPO trainer: its log-probs match the engine's, streamed accumulation equals the full batch,
+advantages and losses follow their definitions, and the optimizer steps at mini-batch boundaries."""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.models import ModelConfig, load_model, tiny_model
+from rlboost.rollout import Group, Sample
+from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
+from rlboost.trainer.grpo import group_advantages, kl_k3, ppo_clip_loss
+from rlboost.trainer.logprobs import pad_batch, response_logprobs
+
+from conftest import random_prompts
+
+MAX_RESPONSE = 12
+
+
+def make_groups(num_groups=4, n=3, seed=0, vocab=256) -> list[Group]:
+    """Groups with random prompts/responses of varied lengths, rewards, and behaviour log-probs."""
+    rng = random.Random(seed)
+    groups = []
+    for g in range(num_groups):
+        samples = []
+        for j in range(n):
+            prompt = random_prompts([rng.randint(3, 9)], vocab, seed=seed * 1000 + g * 10 + j)[0]
+            response = random_prompts([rng.randint(1, MAX_RESPONSE)], vocab, seed=seed * 1000 + g * 10 + j + 500)[0]
+            samples.append(Sample(uid=f"0:{g}:{j}", prompt_ids=prompt, response_ids=response,
+                                  logprobs=[-5.5 + rng.uniform(-0.5, 0.5) for _ in response],
+                                  versions=[0] * len(response), finish_reason="length",
+                                  reward=float(rng.randint(0, 1)) + rng.uniform(0, 0.1)))
+        groups.append(Group(index=g, row_index=g, data_source="t", ground_truth=None, extra_info={},
+                            samples=samples))
+    return groups
+
+
+def make_trainer(mode="token-mean", kl_coef=0.0, **overrides) -> Trainer:
+    model = tiny_model("qwen2", seed=3)
+    cfg = TrainerConfig(lr=1e-3, grad_clip=0.0, loss_agg_mode=mode, kl_coef=kl_coef, device="cpu", **overrides)
+    ref = tiny_model("qwen2", seed=4) if kl_coef else None  # a different reference makes the KL non-zero
+    return Trainer(model, cfg, temperature=0.8, max_response_length=MAX_RESPONSE, total_optimizer_steps=10,
+                   ref_model=ref)
+
+
+def captured_grads(trainer: Trainer, groups: list[Group]) -> list[torch.Tensor]:
+    """The gradient the optimizer sees at the step's (single) optimizer step."""
+    grads = []
+    trainer.optimizer.register_step_pre_hook(
+        lambda *_: grads.append([p.grad.clone() for p in trainer.params]))
+    trainer.train_step(groups, len(groups))
+    assert len(grads) == 1
+    return grads[0]
+
+
+def reference_grads(mode: str, groups: list[Group], kl_coef: float) -> list[torch.Tensor]:
+    """Full-batch GRPO loss written out directly from its definition, one backward pass."""
+    trainer = make_trainer(mode, kl_coef)
+    model = trainer.model
+    samples = [s for g in groups for s in g.samples]
+    adv = torch.cat([group_advantages(torch.tensor([s.reward for s in g.samples])) for g in groups])
+    batch = pad_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+    mask = batch["response_mask"].float()
+    logp, _ = response_logprobs(model, batch, 0.8)
+    old = torch.zeros_like(logp)
+    for b, s in enumerate(samples):
+        old[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    per_token, _, _ = ppo_clip_loss(logp, old, adv, 0.2, 0.2)
+    if kl_coef:
+        with torch.no_grad():
+            ref_logp, _ = response_logprobs(trainer.ref_model, batch, 0.8)
+        per_token = per_token + kl_coef * kl_k3(logp, ref_logp)
+    lengths = mask.sum(1)
+    if mode == "token-mean":
+        loss = (per_token * mask).sum() / mask.sum()
+    elif mode == "seq-mean-token-mean":
+        loss = ((per_token * mask).sum(1) / lengths).mean()
+    else:
+        loss = ((per_token * mask).sum(1) / MAX_RESPONSE).mean()
+    loss.backward()
+    return [p.grad.clone() for p in trainer.params]
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_streamed_accumulation_equals_full_batch_gradient(mode, kl_coef):
+    groups = make_groups()
+    expected = reference_grads(mode, groups, kl_coef)
+    for micro, order_seed in [(1, 0), (1, 1), (2, 2), (4, 3)]:
+        arrival = groups[:]
+        random.Random(order_seed).shuffle(arrival)  # groups finish in any order
+        got = captured_grads(make_trainer(mode, kl_coef, micro_batch_groups=micro), arrival)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_the_normaliser_spans_the_mini_batch_not_the_micro_batch():
+    """Dividing each micro-batch by its own token count would weight short micro-batches up."""
+    groups = make_groups()
+    expected = reference_grads("token-mean", groups, 0.0)
+    got = captured_grads(make_trainer("token-mean", micro_batch_groups=1), groups)
+    per_micro = [sum(len(s.response_ids) for s in g.samples) for g in groups]
+    assert len(set(per_micro)) > 1  # micro-batches of unequal token counts, or the test proves nothing
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+
+
+def test_optimizer_steps_at_mini_batch_boundaries():
+    trainer = make_trainer(mini_batch_groups=2, micro_batch_groups=1)
+    metrics = trainer.train_step(iter(make_groups(num_groups=5)), 5)
+    assert metrics["actor/optimizer_steps"] == 3  # 2 + 2 + the remaining 1
+
+
+def test_train_step_rejects_a_short_stream():
+    with pytest.raises(RuntimeError, match="delivered 3 groups, the step expected 4"):
+        make_trainer().train_step(make_groups(num_groups=3), 4)
+
+
+def test_group_advantages():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    torch.testing.assert_close(group_advantages(r), (r - 0.5) / (r.std() + 1e-6))
+    torch.testing.assert_close(group_advantages(r, norm_by_std=False), r - 0.5)
+    assert group_advantages(torch.ones(4)).abs().max() == 0  # no signal, no push
+    assert group_advantages(torch.tensor([3.0])).item() == 0
+
+
+def test_ppo_clip_loss_clips_only_in_the_profitable_direction():
+    old = torch.zeros(1, 2)
+    logp = torch.log(torch.tensor([[1.5, 0.5]]))  # ratios 1.5 and 0.5
+    loss, clipped, _ = ppo_clip_loss(logp, old, torch.tensor([1.0]), 0.2, 0.2)
+    # positive advantage: ratio 1.5 is clipped to 1.2; ratio 0.5 keeps its (worse) unclipped value
+    torch.testing.assert_close(loss, torch.tensor([[-1.2, -0.5]]))
+    assert clipped.tolist() == [[1.0, 0.0]]
+    loss, clipped, _ = ppo_clip_loss(logp, old, torch.tensor([-1.0]), 0.2, 0.2)
+    torch.testing.assert_close(loss, torch.tensor([[1.5, 0.8]]))
+    assert clipped.tolist() == [[0.0, 1.0]]
+
+
+def test_kl_k3_is_zero_at_equality_and_positive_otherwise():
+    logp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
+    assert kl_k3(logp, logp).abs().max() == 0
+    assert (kl_k3(logp, logp + 0.3) > 0).all() and (kl_k3(logp, logp - 0.3) > 0).all()
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_trainer_logprobs_match_the_engines(family):
+    """The behaviour log-probs the engine streams and the trainer's recomputation are one quantity."""
+    model = load_model(ModelConfig(path=f"tiny:{family}", seed=5)).model
+    engine = LLMEngine(copy.deepcopy(model), EngineConfig(device="cpu"), eos_token_ids=[2])
+    prompts = random_prompts([5, 9, 3, 7], vocab=259, seed=1)
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, max_tokens=20, seed=0))
+    batch = pad_batch(prompts, [o.token_ids for o in outs])
+    with torch.no_grad():
+        logp, _ = response_logprobs(model, batch, 0.7)
+    for b, o in enumerate(outs):
+        torch.testing.assert_close(logp[b, :len(o.token_ids)], torch.tensor(o.logprobs), rtol=0, atol=1e-4)
+
+
+def test_trainer_logprobs_match_the_engines_on_smollm2(smollm2):
+    tok = smollm2.tokenizer
+    engine = LLMEngine(load_model(ModelConfig()).model, EngineConfig(device="cpu"), eos_token_ids=smollm2.eos_token_ids)
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                       tokenize=True, return_dict=True)["input_ids"]
+               for q in ("What is 12 + 30?", "Name a colour.")]
+    outs = engine.generate(prompts, SamplingParams(temperature=0.7, max_tokens=16, seed=0))
+    batch = pad_batch(prompts, [o.token_ids for o in outs])
+    with torch.no_grad():
+        logp, _ = response_logprobs(smollm2.model, batch, 0.7)
+    for b, o in enumerate(outs):
+        torch.testing.assert_close(logp[b, :len(o.token_ids)], torch.tensor(o.logprobs), rtol=0, atol=1e-3)
