@@ -1,0 +1,152 @@
+"""Built-in tasks whose problems are generated from a seed: arithmetic and countdown.
+
+Train/eval disjointness: every possible problem belongs to exactly one split, decided by a keyed hash of
+(task, seed, problem) -- one problem in EVAL_SHARE goes to eval. Each split then draws problems from its
+own seeded stream, keeping only its own and skipping repeats. So the splits never share a problem,
+whatever sizes are asked for, and the first n rows of a split do not depend on n.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any, Callable
+
+from rlboost.data.rows import PromptRow
+
+SPLITS = ("train", "eval")
+EVAL_SHARE = 8
+ARITHMETIC_OPERATORS = "+-*"
+
+
+def check_arithmetic_params(digits: int, operators: str, prefix: str = "") -> None:
+    """Raise ValueError naming the bad parameter (`prefix` is prepended to its name)."""
+    if not isinstance(digits, int) or isinstance(digits, bool) or digits < 1:
+        raise ValueError(f"{prefix}digits must be an int >= 1, got {digits!r}")
+    if (not isinstance(operators, str) or not operators or len(set(operators)) != len(operators)
+            or not set(operators) <= set(ARITHMETIC_OPERATORS)):
+        raise ValueError(f"{prefix}operators must be a non-empty subset of {ARITHMETIC_OPERATORS!r} "
+                         f"without repeats, got {operators!r}")
+
+
+def check_countdown_params(num_numbers: int, max_number: int, max_target: int, prefix: str = "") -> None:
+    """Raise ValueError naming the bad parameter (`prefix` is prepended to its name)."""
+    for name, value, least in (("num_numbers", num_numbers, 2), ("max_number", max_number, 1),
+                               ("max_target", max_target, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{prefix}{name} must be an int >= {least}, got {value!r}")
+
+
+def _in_eval(task: str, seed: int, key: Any) -> bool:
+    # blake2b rather than hash(): str hashes are salted per process.
+    digest = hashlib.blake2b(f"{task}|{seed}|{key!r}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % EVAL_SHARE == 0
+
+
+def _draw_problems(task: str, n: int, seed: int, split: str, draw: Callable[[random.Random], Any]) -> list:
+    """n distinct problems of `split` from `draw(rng)`, which returns (key, problem) or None to retry."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
+    if not isinstance(n, int) or n < 0:
+        raise ValueError(f"number of rows must be an int >= 0, got {n!r}")
+    rng = random.Random(f"rlboost/{task}/{split}/{seed}")  # str seeds are stable across runs
+    want_eval = split == "eval"
+    problems, seen = [], set()
+    # Small problem spaces run out; a bounded number of draws turns that into an error, not a hang.
+    max_draws = 10_000 + 100 * n
+    for _ in range(max_draws):
+        if len(problems) == n:
+            return problems
+        drawn = draw(rng)
+        if drawn is None:
+            continue
+        key, problem = drawn
+        if key in seen or _in_eval(task, seed, key) != want_eval:
+            continue
+        seen.add(key)
+        problems.append(problem)
+    if len(problems) == n:
+        return problems
+    raise ValueError(f"{task}: found only {len(problems)} distinct {split} problems of the {n} asked for "
+                     f"in {max_draws} draws; ask for fewer rows or widen the task's parameters")
+
+
+def arithmetic_rows(n: int, seed: int, split: str, digits: int = 2, operators: str = "+-") -> list[PromptRow]:
+    """`a op b` with operands of exactly `digits` digits (0 counts as a 1-digit number)."""
+    check_arithmetic_params(digits, operators)
+    low, high = (0 if digits == 1 else 10 ** (digits - 1)), 10 ** digits - 1
+
+    def draw(rng: random.Random):
+        a, op, b = rng.randint(low, high), rng.choice(operators), rng.randint(low, high)
+        return (a, op, b), (a, op, b)
+
+    rows = []
+    for index, (a, op, b) in enumerate(_draw_problems("arithmetic", n, seed, split, draw)):
+        result = a + b if op == "+" else a - b if op == "-" else a * b
+        question = (f"What is {a} {op} {b}? Think briefly, then give the final result on its own line "
+                    f"as `Answer: <number>`.")
+        rows.append(PromptRow(
+            data_source="arithmetic", prompt=[{"role": "user", "content": question}], ability="math",
+            ground_truth=str(result),
+            extra_info={"split": split, "index": index, "a": a, "b": b, "op": op},
+            origin=f"arithmetic {split} row {index}"))
+    return rows
+
+
+def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[int, str]:
+    """Combine the numbers pairwise in random order with + - * and exact /, using each exactly once.
+    Subtraction and division take the larger operand first and subtraction never makes 0, so every
+    intermediate value is positive (no `x - x` hiding a number in a trivial term)."""
+    items = [(x, str(x)) for x in numbers]
+    while len(items) > 1:
+        i, j = rng.sample(range(len(items)), 2)
+        (x, ex), (y, ey) = items[i], items[j]
+        if x < y:
+            (x, ex), (y, ey) = (y, ey), (x, ex)
+        choices = [("+", x + y), ("*", x * y)]
+        if x > y:
+            choices.append(("-", x - y))
+        if x % y == 0:
+            choices.append(("/", x // y))
+        op, value = rng.choice(choices)
+        items = [item for k, item in enumerate(items) if k not in (i, j)]
+        items.append((value, f"({ex} {op} {ey})"))
+    value, expression = items[0]
+    return value, expression[1:-1]  # the last combination's parentheses enclose everything
+
+
+def countdown_rows(n: int, seed: int, split: str, num_numbers: int = 3, max_number: int = 20,
+                   max_target: int = 100) -> list[PromptRow]:
+    """Numbers in 1..max_number and a target in 1..max_target that a random expression over all of
+    them reaches, so every problem has a solution using each number exactly once."""
+    check_countdown_params(num_numbers, max_number, max_target)
+
+    def draw(rng: random.Random):
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        target, expression = _random_expression(rng, numbers)
+        if not 1 <= target <= max_target:
+            return None
+        return (tuple(sorted(numbers)), target), (numbers, target, expression)
+
+    rows = []
+    for index, (numbers, target, expression) in enumerate(_draw_problems("countdown", n, seed, split, draw)):
+        listed = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+        question = (f"Using the numbers {listed}, write an equation that equals {target}. Use each number "
+                    f"exactly once, with only + - * / and parentheses. Think briefly, then give the "
+                    f"equation on its own line as `Answer: <equation>`, for example `Answer: (3 + 5) * 2`.")
+        rows.append(PromptRow(
+            data_source="countdown", prompt=[{"role": "user", "content": question}], ability="math",
+            ground_truth={"target": target, "numbers": numbers},
+            extra_info={"split": split, "index": index, "solution": expression},
+            origin=f"countdown {split} row {index}"))
+    return rows
+
+
+TASKS: dict[str, Callable[..., list[PromptRow]]] = {"arithmetic": arithmetic_rows, "countdown": countdown_rows}
+
+
+def task_rows(name: str, n: int, seed: int, split: str, **params) -> list[PromptRow]:
+    """Rows of the built-in task `name`; `params` are that task's own parameters."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
+    return TASKS[name](n, seed, split, **params)

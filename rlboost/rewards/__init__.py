@@ -1,0 +1,12 @@
+"""Rewards: the built-in compute_score, custom reward functions loaded from a file, and scoring them."""
+
+from rlboost.rewards.builtin import arithmetic_score, compute_score, countdown_score, math_score
+from rlboost.rewards.config import RewardConfig
+from rlboost.rewards.loading import RewardConfigError, load_reward_fn
+from rlboost.rewards.scoring import RewardFunctionError, RewardScorer
+
+__all__ = [
+    "compute_score", "arithmetic_score", "countdown_score", "math_score",
+    "RewardConfig", "RewardConfigError", "load_reward_fn",
+    "RewardFunctionError", "RewardScorer",
+]
