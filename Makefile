@@ -19,7 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/rlboost bench engine --json outputs/bench_engine.json
+	rm -rf outputs/smoke  # a fresh run each time (an existing run folder would be resumed)
+	$(VENV)/bin/rlboost train configs/smoke.yaml run.output_dir=outputs/smoke
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)

@@ -2,6 +2,7 @@
 
     rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
+    rlboost train [CONFIG.yaml] [key=value ...]
 """
 
 from __future__ import annotations
@@ -69,6 +70,16 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    from rlboost.config import RLBoostConfig, load_config
+    from rlboost.train import train
+
+    cfg = load_config(RLBoostConfig, args.config, args.overrides)
+    run_dir = train(cfg, args.config)
+    console.print(f"run folder: {run_dir}  (metrics.jsonl, tensorboard/, checkpoints/, report/report.md)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlboost", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -100,22 +111,32 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, default=1.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_generate)
+
+    train = commands.add_parser("train", help="GRPO training (rollout.mode=colocated: the veRL-style baseline)")
+    train.add_argument("config", nargs="?", help="YAML config, e.g. configs/smoke.yaml (optional)")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 run.total_steps=20")
+    train.set_defaults(func=_train)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if getattr(args, "config", None) and "=" in args.config:  # `rlboost generate key=value` with no YAML
+    if getattr(args, "config", None) and "=" in args.config:  # `rlboost train key=value` with no YAML
         args.overrides.insert(0, args.config)
         args.config = None
     from rlboost.config import ConfigError
+    from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError
+    from rlboost.rewards import RewardConfigError, RewardFunctionError
 
     try:
         return args.func(args)
-    except (ConfigError, InvalidRequestError, FileNotFoundError) as e:
+    except (ConfigError, InvalidRequestError, FileNotFoundError, DatasetError, RewardConfigError) as e:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
         return 2
+    except RewardFunctionError as e:  # the run stopped; its checkpoints and metrics so far are kept
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        return 1
 
 
 if __name__ == "__main__":

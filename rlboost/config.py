@@ -17,20 +17,38 @@ from typing import Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlboost.data.config import DataConfig
 from rlboost.engine.config import EngineConfig
 from rlboost.models.config import ModelConfig
+from rlboost.rewards.config import RewardConfig
+from rlboost.rollout.config import RolloutConfig
+from rlboost.run_dir import RunConfig
+from rlboost.tracking.config import TrackingConfig
+from rlboost.trainer.config import TrainerConfig
 
 T = TypeVar("T")
 
 
 @dataclasses.dataclass
 class RLBoostConfig:
-    """The whole run's config: one section per component (more arrive with the trainer and rollout)."""
+    """The whole run's config: one section per component, each documented field by field."""
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     """The policy checkpoint."""
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     """The rollout engine."""
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    """Training and held-out prompts, batch size, prompt and response lengths."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Where rollout runs and how responses are sampled."""
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    """Optimizer and GRPO loss."""
+    reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    """The reward function."""
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+    """Metric sinks, console and the end-of-run report."""
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    """The run's folder, length, checkpoint/eval schedule, resume and seed."""
 
 
 class ConfigError(ValueError):

@@ -83,8 +83,8 @@ def arithmetic_rows(n: int, seed: int, split: str, digits: int = 2, operators: s
     rows = []
     for index, (a, op, b) in enumerate(_draw_problems("arithmetic", n, seed, split, draw)):
         result = a + b if op == "+" else a - b if op == "-" else a * b
-        question = (f"What is {a} {op} {b}? Think briefly, then give the final result on its own line "
-                    f"as `Answer: <number>`.")
+        # The wording SmolLM2-135M-Instruct answers best among those we tried (docs/training.md).
+        question = f"What is {a} {op} {b}? Give the result after 'Answer:'."
         rows.append(PromptRow(
             data_source="arithmetic", prompt=[{"role": "user", "content": question}], ability="math",
             ground_truth=str(result),

@@ -1,0 +1,87 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+`<run>/checkpoints/global_step_N/` holds
+- `hf/`: the policy as an HF checkpoint folder (safetensors + config + tokenizer), loadable with
+  `model.path=<that folder>` or transformers directly;
+- `trainer.pt`: optimizer and LR-scheduler state, and the torch / numpy / Python RNG states;
+- `state.json`: the global step, the data loader's position, and anything else the loop keeps.
+A checkpoint is written to a temporary folder and renamed into place, so a run killed while saving
+leaves either the whole checkpoint or none of it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from rlboost.trainer import Trainer
+
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+
+
+def checkpoint_root(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state: dict) -> Path:
+    root = checkpoint_root(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"global_step_{step}"
+    tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-", dir=root))
+    try:
+        trainer.model.save_pretrained(tmp / "hf")
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp / "hf")
+        torch.save({"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
+                    "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                            "python": random.getstate()}}, tmp / "trainer.pt")
+        (tmp / "state.json").write_text(json.dumps({"global_step": step, **state}, indent=2) + "\n")
+        if final.exists():  # a re-run of the same step after a resume: replace it
+            shutil.rmtree(final)
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    root = checkpoint_root(run_dir)
+    if not root.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))
+             and (p / "state.json").is_file()]
+    return max(steps)[1] if steps else None
+
+
+def load_checkpoint(path: Path, trainer: Trainer) -> dict:
+    """Restore the trainer and the RNGs from `path`; returns its state.json (step, data position...)."""
+    path = Path(path)
+    if not (path / "state.json").is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint folder (no state.json)")
+    weights = next((path / "hf").glob("*.safetensors"), None)
+    if weights is None:
+        raise FileNotFoundError(f"{path}/hf holds no safetensors weights")
+    missing, unexpected = safetensors.torch.load_model(trainer.model, str(weights), strict=False)
+    if unexpected or [k for k in missing if not _is_tied(trainer.model, k)]:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    extra = torch.load(path / "trainer.pt", weights_only=False)
+    trainer.optimizer.load_state_dict(extra["optimizer"])
+    trainer.scheduler.load_state_dict(extra["scheduler"])
+    torch.set_rng_state(extra["rng"]["torch"])
+    np.random.set_state(extra["rng"]["numpy"])
+    random.setstate(extra["rng"]["python"])
+    return json.loads((path / "state.json").read_text())
+
+
+def _is_tied(model, key: str) -> bool:
+    # save_pretrained writes a tied LM head once, under the embedding's name
+    return key == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)

@@ -1,0 +1,266 @@
+"""`rlboost train`: GRPO with colocated rollout, from config to run folder, report included.
+
+Everything that can be wrong with the input (config, data, reward function, model path, prompt
+lengths) is checked in `setup`, before the first step. Each step then: take a batch of prompts;
+generate `rollout.n` responses each, scoring groups as they complete; train on the groups; hand the
+new weights to the engine; evaluate and checkpoint on schedule; log.
+
+Weight versions: the weights after k optimizer updates of the run are version k, so step k (1-based)
+generates with version k - 1 and leaves the engine at version k.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from rlboost.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from rlboost.config import ConfigError, RLBoostConfig
+from rlboost.data import DatasetError, PromptLoader, PromptRow, load_datasets
+from rlboost.engine import LLMEngine, SamplingParams
+from rlboost.models import load_model
+from rlboost.rewards import RewardScorer, load_reward_fn
+from rlboost.rollout import Group, new_groups, run_colocated
+from rlboost.run_dir import run_folder
+from rlboost.tracking import MetricsTracker
+from rlboost.trainer import Trainer
+
+
+def train(cfg: RLBoostConfig, config_path: str | Path | None = None) -> Path:
+    """Run GRPO as configured; returns the run folder."""
+    run = setup(cfg, config_path)
+    with MetricsTracker(run.dir, cfg.tracking, total_steps=cfg.run.total_steps, start_step=run.start_step,
+                        run_name=run.dir.name) as tracker:
+        if run.start_step == 0 and cfg.run.val_before_train and run.val_set.rows:
+            tracker.log(0, run.evaluate())
+        for step in range(run.start_step + 1, cfg.run.total_steps + 1):
+            t0 = time.perf_counter()
+            metrics = run.rl_step(step)
+            if run.val_set.rows and due(step, cfg.run.test_freq, cfg.run.total_steps):
+                with timed(metrics, "testing"):
+                    metrics |= run.evaluate()
+            metrics["timing_s/step"] = time.perf_counter() - t0
+            metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
+            tracker.log(step, metrics)
+            if due(step, cfg.run.save_freq, cfg.run.total_steps):
+                run.save(step)
+    return run.dir  # the tracker wrote the report (tracking.report) when it closed
+
+
+@dataclasses.dataclass
+class Prompts:
+    """A dataset's rows with their chat-templated token ids."""
+
+    rows: list[PromptRow]
+    ids: list[list[int]]
+
+
+@dataclasses.dataclass
+class ColocatedRun:
+    """A run's parts once built and, when resuming, restored."""
+
+    cfg: RLBoostConfig
+    dir: Path
+    engine: LLMEngine
+    trainer: Trainer
+    loader: PromptLoader
+    scorer: RewardScorer
+    tokenizer: object
+    train_set: Prompts
+    val_set: Prompts
+    start_step: int
+
+    def rl_step(self, step: int) -> dict[str, float]:
+        """One RL step with colocated rollout; returns its metrics (veRL's names)."""
+        cfg, engine = self.cfg, self.engine
+        metrics: dict[str, float] = {"timing_s/reward": 0.0}
+        batch = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
+        groups = new_groups(step, batch, cfg.rollout.n, cfg.run.seed)
+        finished: list[Group] = []
+        t0 = time.perf_counter()
+        engine.wake()
+        for group in run_colocated(engine, groups, self.sampling(cfg.rollout.temperature)):
+            with timed(metrics, "reward"):
+                score(group, self.scorer, self.tokenizer)
+            finished.append(group)
+        engine.sleep()  # colocated: the rollout's KV cache makes way for training
+        metrics["timing_s/gen"] = time.perf_counter() - t0 - metrics["timing_s/reward"]
+        check_on_policy(finished, version=step - 1)
+        with timed(metrics, "update_actor"):
+            metrics |= self.trainer.train_step(finished, len(finished))
+        with timed(metrics, "update_weights"):
+            engine.load_weights(self.trainer.weights(), version=step)
+        metrics |= rollout_metrics(finished)
+        metrics["reward/errors"] = float(self.scorer.pop_num_errors())
+        metrics["training/global_step"] = float(step)
+        metrics["training/epoch"] = float(self.loader.epoch)
+        return metrics
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean score of `rollout.val_n` responses per held-out prompt (veRL's `val/score/mean`)."""
+        prompts = [(i, ids, row) for i, (ids, row) in enumerate(zip(self.val_set.ids, self.val_set.rows))]
+        groups = new_groups(-1, prompts, self.cfg.rollout.val_n, self.cfg.run.seed)
+        self.engine.wake()
+        done = list(run_colocated(self.engine, groups, self.sampling(self.cfg.rollout.val_temperature)))
+        self.engine.sleep()
+        by_source: dict[str, list[float]] = {}
+        for group in done:
+            score(group, self.scorer, self.tokenizer)
+            by_source.setdefault(group.data_source, []).extend(s.reward for s in group.samples)
+        samples = [s for g in done for s in g.samples]
+        metrics = {"val/score/mean": float(np.mean([s.reward for s in samples])),
+                   "val/response_length/mean": float(np.mean([len(s.response_ids) for s in samples]))}
+        if len(by_source) > 1:
+            metrics |= {f"val/{src}/score/mean": float(np.mean(r)) for src, r in by_source.items()}
+        return metrics
+
+    def save(self, step: int) -> None:
+        save_checkpoint(self.dir, step, self.trainer, self.tokenizer, {"data": self.loader.state_dict()})
+
+    def sampling(self, temperature: float) -> SamplingParams:
+        r = self.cfg.rollout
+        return SamplingParams(temperature=temperature, top_p=r.top_p, top_k=r.top_k,
+                              max_tokens=self.cfg.data.max_response_length)
+
+
+def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> ColocatedRun:
+    """Check every input, build engine and trainer, and restore the latest checkpoint if resuming."""
+    validate(cfg)
+    scorer = RewardScorer(load_reward_fn(cfg.reward), cfg.reward.on_error)
+    train_rows, val_rows = load_datasets(cfg.data)
+    policy = load_model(cfg.model)
+    if policy.tokenizer is None:
+        raise ConfigError(f"model.path={cfg.model.path!r} has no tokenizer; training needs text in and out")
+    train_set = encode(policy.tokenizer, train_rows, cfg.data.max_prompt_length, "train")
+    val_set = encode(policy.tokenizer, val_rows, cfg.data.max_prompt_length, "val")
+
+    seed_everything(cfg.run.seed)
+    # The engine fuses its model's weights in place, so it gets a copy of its own.
+    engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=policy.eos_token_ids)
+    check_context(cfg, engine.max_model_len)
+    ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
+    trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
+                      max_response_length=cfg.data.max_response_length,
+                      total_optimizer_steps=cfg.run.total_steps * optimizer_steps_per_step(cfg),
+                      pad_token_id=policy.tokenizer.pad_token_id or 0, ref_model=ref)
+    loader = PromptLoader(train_set.rows, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
+
+    run_dir = run_folder(cfg.run, config_path)
+    start_step = resume(cfg, run_dir, trainer, loader)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    engine.load_weights(trainer.weights(), version=start_step)  # the engine serves exactly the trained weights
+    return ColocatedRun(cfg, run_dir, engine, trainer, loader, scorer, policy.tokenizer, train_set, val_set,
+                        start_step)
+
+
+def check_on_policy(groups: list[Group], version: int) -> None:
+    """Invariant 1: every token trained on at step k came from the weights of version k - 1. A
+    violation is a bug upstream, never something to train through."""
+    for g in groups:
+        for s in g.samples:
+            stale = sorted(set(s.versions) - {version})
+            if stale or len(s.versions) != len(s.response_ids):
+                raise RuntimeError(f"sample {s.uid} carries tokens of weight versions {stale or s.versions} "
+                                   f"but this step's weights are version {version}")
+
+
+def score(group: Group, scorer: RewardScorer, tokenizer) -> None:
+    for s in group.samples:
+        text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
+        s.reward = scorer.score(f"sample {s.uid} (step:prompt:sample, training row {group.row_index})",
+                                group.data_source, text, group.ground_truth, group.extra_info)
+
+
+def rollout_metrics(groups: list[Group]) -> dict[str, float]:
+    samples = [s for g in groups for s in g.samples]
+    scores = np.array([s.reward for s in samples], dtype=float)
+    lengths = np.array([len(s.response_ids) for s in samples], dtype=float)
+    prompt_lengths = np.array([len(s.prompt_ids) for s in samples], dtype=float)
+    return {
+        "critic/score/mean": scores.mean(), "critic/score/max": scores.max(), "critic/score/min": scores.min(),
+        "critic/rewards/mean": scores.mean(),
+        "response_length/mean": lengths.mean(), "response_length/max": lengths.max(),
+        "response_length/min": lengths.min(),
+        "response_length/clip_ratio": float(np.mean([s.finish_reason == "length" for s in samples])),
+        "prompt_length/mean": prompt_lengths.mean(),
+        "perf/total_num_tokens": float(lengths.sum() + prompt_lengths.sum()),
+    }
+
+
+def encode(tokenizer, rows: list[PromptRow], max_prompt_length: int, split: str) -> Prompts:
+    """Chat-template every row; a prompt over `data.max_prompt_length` is an error naming its row."""
+    ids = []
+    for i, row in enumerate(rows):
+        tokens = list(tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=True)["input_ids"])
+        if len(tokens) > max_prompt_length:
+            where = row.origin or f"{split} row {i} (0-based, data_source {row.data_source!r})"
+            raise DatasetError(f"{where}: the prompt is {len(tokens)} tokens, over "
+                               f"data.max_prompt_length={max_prompt_length}")
+        ids.append(tokens)
+    return Prompts(rows, ids)
+
+
+def check_context(cfg: RLBoostConfig, max_model_len: int) -> None:
+    need = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if need > max_model_len:
+        raise ConfigError(f"data.max_prompt_length + data.max_response_length = {need} exceeds the engine's "
+                          f"context of {max_model_len} tokens (engine.max_model_len or the model's limit)")
+
+
+def optimizer_steps_per_step(cfg: RLBoostConfig) -> int:
+    mini = cfg.trainer.mini_batch_groups or cfg.data.train_batch_size
+    return -(-cfg.data.train_batch_size // mini)
+
+
+def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer, loader: PromptLoader) -> int:
+    """Restore from a checkpoint as `run.resume` says; returns the last completed step (0 if fresh).
+    The tracker then drops metrics logged after that step: those steps run again."""
+    if cfg.run.resume == "disable":
+        if latest_checkpoint(run_dir) is not None:
+            raise ConfigError(f"{run_dir} already holds checkpoints and run.resume=disable; choose another "
+                              "run.output_dir or resume with run.resume=auto")
+        return 0
+    path = latest_checkpoint(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
+    if path is None:
+        return 0
+    state = load_checkpoint(path, trainer)
+    loader.load_state_dict(state["data"])
+    return int(state["global_step"])
+
+
+def validate(cfg: RLBoostConfig) -> None:
+    """Every section's own checks, as ConfigErrors (the CLI reports them without a traceback)."""
+    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.reward, cfg.tracking, cfg.run):
+        try:
+            section.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+
+
+def due(step: int, freq: int, total: int) -> bool:
+    return freq > 0 and (step % freq == 0 or step == total)
+
+
+@contextmanager
+def timed(metrics: dict[str, float], name: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        key = f"timing_s/{name}"
+        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,172 @@
+"""`rlboost train` end to end: the run folder, learning on a learnable reward, exact resume after a
+hard kill, the on-policy check, and clear errors for bad input before any work starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlboost.cli import main
+from rlboost.data import arithmetic_rows, write_rows
+from rlboost.rollout import Group, Sample
+from rlboost.train import check_on_policy
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+QUIET = ["run.val_before_train=false", "tracking.report=false", "tracking.loggers=[jsonl]"]
+
+DIGITS_REWARD = """
+import os, time
+from pathlib import Path
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    gate = os.environ.get("RLBOOST_TEST_BLOCK_AFTER")
+    if gate and Path(gate).exists():  # lets a test kill the run mid-step, right after a checkpoint
+        time.sleep(600)
+    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
+"""
+
+
+def metrics_of(run_dir: Path) -> dict[int, dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m for m in lines}
+
+
+def train(tmp_path: Path, *overrides: str, name: str = "run") -> Path:
+    out = tmp_path / name
+    assert main(["train", SMOKE, f"run.output_dir={out}", *overrides]) == 0
+    return out
+
+
+def test_smoke_run_writes_the_whole_run_folder(tmp_path):
+    run = train(tmp_path)
+    assert (run / "config.yaml").read_text().count("tiny:qwen2") == 1  # the resolved config
+    m = metrics_of(run)
+    assert sorted(m) == [0, 1, 2] and "val/score/mean" in m[0] and "val/score/mean" in m[2]
+    for key in ("critic/score/mean", "response_length/mean", "timing_s/gen", "timing_s/update_actor",
+                "timing_s/step", "perf/throughput", "actor/pg_loss", "actor/grad_norm"):
+        assert key in m[1] and key in m[2], key
+    assert m[2]["timing_s/step"] >= m[2]["timing_s/gen"] + m[2]["timing_s/update_actor"]
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    ckpt = run / "checkpoints" / "global_step_2"
+    assert json.loads((ckpt / "state.json").read_text())["global_step"] == 2
+    assert (ckpt / "hf" / "model.safetensors").is_file() and (ckpt / "hf" / "tokenizer.json").is_file()
+    report = run / "report"
+    assert {p.name for p in report.iterdir()} >= {"report.md", "reward.png", "response_length.png",
+                                                  "time_breakdown.png"}
+
+
+def test_a_tiny_model_learns_a_learnable_reward(tmp_path):
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGITS_REWARD)
+    run = train(tmp_path, f"reward.path={reward}", "run.total_steps=8", "trainer.lr=1e-2", "run.save_freq=0",
+                "run.test_freq=0", "rollout.n=8", "data.max_response_length=16", *QUIET)
+    scores = [metrics_of(run)[s]["critic/score/mean"] for s in range(1, 9)]
+    # a random byte-level model writes ~4% digits; GRPO on this reward pushes that up fast
+    assert scores[0] < 0.1
+    assert min(scores[-2:]) > 3 * scores[0] and scores[-1] > 0.2, scores
+
+
+def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGITS_REWARD)
+    common = [f"reward.path={reward}", "run.total_steps=4", "run.save_freq=2", "run.test_freq=2",
+              "trainer.lr=1e-2", "tracking.report=false", "tracking.loggers=[jsonl]"]
+    killed = tmp_path / "killed"
+    gate = killed / "checkpoints" / "global_step_2" / "state.json"
+    env = dict(os.environ, RLBOOST_TEST_BLOCK_AFTER=str(gate))
+    proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", SMOKE, f"run.output_dir={killed}",
+                             *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not gate.exists():  # step 3 blocks in its reward function once checkpoint 2 is complete
+            assert proc.poll() is None, proc.stderr.read().decode()
+            assert time.monotonic() < deadline, "the run never wrote checkpoint 2"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGKILL)  # a hard kill: no cleanup, no final report
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sorted(metrics_of(killed)) == [0, 1, 2]
+
+    assert main(["train", SMOKE, f"run.output_dir={killed}", *common]) == 0  # run.resume=auto
+    uninterrupted = train(tmp_path, *common, name="uninterrupted")
+
+    got, want = metrics_of(killed), metrics_of(uninterrupted)
+    assert sorted(got) == sorted(want) == [0, 1, 2, 3, 4]
+    for step in want:
+        for key, value in want[step].items():
+            if key.startswith("timing_s/") or key.startswith("perf/throughput"):
+                continue
+            assert got[step][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+
+
+def test_check_on_policy_rejects_tokens_of_another_version():
+    sample = Sample(uid="3:0:0", prompt_ids=[5], response_ids=[7, 8], logprobs=[-1.0, -1.0], versions=[2, 2],
+                    finish_reason="stop", reward=1.0)
+    group = Group(index=0, row_index=0, data_source="t", ground_truth=None, extra_info={}, samples=[sample])
+    check_on_policy([group], version=2)
+    sample.versions = [2, 1]
+    with pytest.raises(RuntimeError, match=r"sample 3:0:0 carries tokens of weight versions \[1\]"):
+        check_on_policy([group], version=2)
+
+
+def test_training_on_veRL_files(tmp_path):
+    write_rows(arithmetic_rows(16, seed=1, split="train", digits=1), tmp_path / "train.parquet")
+    write_rows(arithmetic_rows(4, seed=1, split="eval", digits=1), tmp_path / "val.jsonl")
+    run = train(tmp_path, f"data.train_files=[{tmp_path / 'train.parquet'}]",
+                f"data.val_files=[{tmp_path / 'val.jsonl'}]", "run.total_steps=1", "run.save_freq=0",
+                "tracking.report=false", "tracking.loggers=[jsonl]")
+    assert "val/score/mean" in metrics_of(run)[1]
+
+
+def run_cli(tmp_path, *args) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", SMOKE, f"run.output_dir={tmp_path / 'r'}",
+                           *QUIET, *args], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_bad_input_is_a_clear_error_before_any_work(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    row = {"data_source": "arithmetic", "prompt": [{"role": "user", "content": "1+1?"}],
+           "reward_model": {"style": "rule", "ground_truth": "2"}}
+    bad.write_text(json.dumps(row) + "\n" + json.dumps({k: v for k, v in row.items() if k != "reward_model"}) + "\n")
+    cases = [
+        (["trainer.lrr=1"], "unknown config key `trainer.lrr`. Did you mean `trainer.lr`?"),
+        ([f"data.train_files=[{bad}]"], "bad.jsonl"),
+        (["model.path=/no/such/model"], "/no/such/model"),
+        (["data.max_prompt_length=8"], "data.max_prompt_length=8"),
+        (["rollout.mode=hybird"], "rollout.mode='hybird'"),
+        (["reward.path=/no/such/reward.py"], "/no/such/reward.py"),
+    ]
+    for args, message in cases:
+        code, out = run_cli(tmp_path, *args)
+        assert code == 2, (args, out)
+        assert message in " ".join(out.split()), (args, out)
+        assert "Traceback" not in out
+        assert not (tmp_path / "r" / "metrics.jsonl").exists()  # nothing ran
+    code, out = run_cli(tmp_path, f"data.train_files=[{bad}]")
+    assert "row 1" in out and "reward_model" in out
+
+
+def test_a_crashing_reward_function_names_the_sample(tmp_path):
+    reward = tmp_path / "crash.py"
+    reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+                      "    raise KeyError('no such field')\n")
+    code, out = run_cli(tmp_path, f"reward.path={reward}")
+    assert code == 1 and "Traceback" not in out
+    flat = " ".join(out.split())
+    assert "sample 1:" in flat and "KeyError" in flat and "no such field" in flat
+
+    run = train(tmp_path, f"reward.path={reward}", "reward.on_error=zero", "run.total_steps=1", *QUIET,
+                name="zeroed")
+    m = metrics_of(run)[1]
+    assert m["reward/errors"] == 16 and m["critic/score/mean"] == 0.0  # 4 prompts x 4 responses
