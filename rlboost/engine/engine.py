@@ -43,12 +43,13 @@ class EngineStateError(RuntimeError):
     """The engine cannot do this now (busy with requests, or asleep)."""
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, key: str = "engine.device") -> torch.device:
+    """`auto` is CUDA when available, else CPU; `key` names the config field in errors."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"engine.device={name!r} but CUDA is not available on this machine")
+        raise ValueError(f"{key}={name!r} but CUDA is not available on this machine")
     return device
 
 

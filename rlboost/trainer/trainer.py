@@ -21,19 +21,11 @@ from collections.abc import Iterable
 import torch
 from transformers import PreTrainedModel
 
+from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
 from rlboost.trainer.logprobs import pad_batch, response_logprobs
-
-
-def resolve_train_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"trainer.device={name!r} but CUDA is not available on this machine")
-    return device
 
 
 def use_bf16(dtype: str, device: torch.device) -> bool:
@@ -50,7 +42,7 @@ class Trainer:
                  ref_model: PreTrainedModel | None = None):
         config.validate()
         self.config = config
-        self.device = resolve_train_device(config.device)
+        self.device = resolve_device(config.device, key="trainer.device")
         self.bf16 = use_bf16(config.dtype, self.device)
         self.model = model.to(self.device, dtype=torch.float32).train()
         self.ref_model = None
@@ -151,15 +143,6 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's parameters by name, for `LLMEngine.load_weights`."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
-
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
 
 
 def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
