@@ -1,4 +1,6 @@
-"""Strict held-out accuracy on the arithmetic task, per operator: `Answer: <right number>` or nothing.
+"""Held-out accuracy on the arithmetic task, per operator. Strict: `Answer: <right number>`. Also the
+two halves the shaped reward pays for: the right number as the response's last number, in any
+format; and an `Answer:` line, right or wrong.
 
     python examples/eval_arithmetic.py [MODEL_PATH] [key=value ...]
 
@@ -8,6 +10,7 @@ held-out prompts are the eval split of `configs/smollm2_arithmetic.yaml` (same s
 
 from __future__ import annotations
 
+import re
 import sys
 from collections import defaultdict
 
@@ -16,6 +19,7 @@ from rlboost.data import load_datasets
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.models import load_model
 from rlboost.rewards import arithmetic_score
+from rlboost.rewards.builtin import final_answer
 
 args = sys.argv[1:]
 model_path = args.pop(0) if args and "=" not in args[0] else "smollm2"
@@ -31,10 +35,23 @@ for row in val_rows:
         prompts.append(list(ids))
         rows.append(row)
 params = SamplingParams(temperature=cfg.rollout.val_temperature, max_tokens=cfg.data.max_response_length)
-correct = defaultdict(list)
-for row, out in zip(rows, engine.generate(prompts, params)):
+strict, number, formatted = defaultdict(list), defaultdict(list), []
+for i, (row, out) in enumerate(zip(rows, engine.generate(prompts, params))):
     text = tok.decode(out.token_ids, skip_special_tokens=True)
-    correct[row.extra_info["op"]].append(arithmetic_score(text, row.ground_truth))
-total = [c for v in correct.values() for c in v]
-print(f"{model_path}: strict accuracy {sum(total) / len(total):.1%} over {len(total)} responses; "
-      + ", ".join(f"{op}: {sum(v) / len(v):.1%} of {len(v)}" for op, v in sorted(correct.items())))
+    op = row.extra_info["op"]
+    strict[op].append(arithmetic_score(text, row.ground_truth))
+    numbers = re.findall(r"-?\d+", text.replace(",", ""))
+    number[op].append(float(bool(numbers) and int(numbers[-1]) == int(row.ground_truth)))
+    formatted.append(final_answer(text) is not None)
+    if i < 4:
+        print(f"  {row.prompt[-1]['content']!r} -> {text!r}")
+
+
+def rates(by_op):
+    every = [x for v in by_op.values() for x in v]
+    return f"{sum(every) / len(every):.1%} (" + ", ".join(
+        f"{op} {sum(v) / len(v):.1%}" for op, v in sorted(by_op.items())) + ")"
+
+
+print(f"{model_path}, {len(formatted)} responses: strict {rates(strict)}; right number {rates(number)}; "
+      f"`Answer:` present {sum(formatted) / len(formatted):.1%}")

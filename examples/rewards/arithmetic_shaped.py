@@ -19,5 +19,8 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         return 1.0  # the right number, in the right format
     numbers = re.findall(r"-?\d+", solution_str.replace(",", ""))
     right_number = bool(numbers) and int(numbers[-1]) == int(ground_truth)
-    has_format = final_answer(solution_str) is not None
+    # Format credit needs a well-formed answer line (`Answer: <integer>`), not the bare marker: a first
+    # version paid for any `Answer:` and the model learned to quote the prompt's "after 'Answer:'".
+    answer = final_answer(solution_str)
+    has_format = answer is not None and re.fullmatch(r"-?\d+", answer.replace(",", "")) is not None
     return 0.5 * right_number + 0.1 * has_format
