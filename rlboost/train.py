@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlboost.config import ConfigError, RLBoostConfig
-from rlboost.data import DatasetError, PromptLoader, PromptRow, load_datasets
+from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
@@ -138,8 +138,8 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> ColocatedRun:
     policy = load_model(cfg.model)
     if policy.tokenizer is None:
         raise ConfigError(f"model.path={cfg.model.path!r} has no tokenizer; training needs text in and out")
-    train_set = encode(policy.tokenizer, train_rows, cfg.data.max_prompt_length, "train")
-    val_set = encode(policy.tokenizer, val_rows, cfg.data.max_prompt_length, "val")
+    train_set = encode(policy.tokenizer, train_rows, cfg.data.max_prompt_length)
+    val_set = encode(policy.tokenizer, val_rows, cfg.data.max_prompt_length)
 
     seed_everything(cfg.run.seed)
     # The engine fuses its model's weights in place, so it gets a copy of its own.
@@ -195,17 +195,12 @@ def rollout_metrics(groups: list[Group]) -> dict[str, float]:
     }
 
 
-def encode(tokenizer, rows: list[PromptRow], max_prompt_length: int, split: str) -> Prompts:
+def encode(tokenizer, rows: list[PromptRow], max_prompt_length: int) -> Prompts:
     """Chat-template every row; a prompt over `data.max_prompt_length` is an error naming its row."""
-    ids = []
-    for i, row in enumerate(rows):
-        tokens = list(tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=True)["input_ids"])
-        if len(tokens) > max_prompt_length:
-            where = row.origin or f"{split} row {i} (0-based, data_source {row.data_source!r})"
-            raise DatasetError(f"{where}: the prompt is {len(tokens)} tokens, over "
-                               f"data.max_prompt_length={max_prompt_length}")
-        ids.append(tokens)
+    ids = [list(tokenizer.apply_chat_template(row.prompt, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)["input_ids"]) for row in rows]
+    length = {id(row): len(tokens) for row, tokens in zip(rows, ids)}
+    check_prompt_lengths(rows, lambda row: length[id(row)], max_prompt_length)
     return Prompts(rows, ids)
 
 
