@@ -1,12 +1,14 @@
-"""`rlboost train`: GRPO with colocated rollout, from config to run folder, report included.
+"""`rlboost train`: GRPO from config to run folder, report included.
 
 Everything that can be wrong with the input (config, data, reward function, model path, prompt
 lengths) is checked in `setup`, before the first step. Each step then: take a batch of prompts;
-generate `rollout.n` responses each, scoring groups as they complete; train on the groups; hand the
-new weights to the engine; evaluate and checkpoint on schedule; log.
+start generating `rollout.n` responses each; train on the groups as they complete, scoring each on
+arrival; publish the new weights to the rollout workers; evaluate and checkpoint on schedule; log.
+`rollout.mode` picks the backend: `colocated` generates the whole step before training starts,
+`hybrid` streams groups from reserved and preemptible workers while the trainer consumes them.
 
 Weight versions: the weights after k optimizer updates of the run are version k, so step k (1-based)
-generates with version k - 1 and leaves the engine at version k.
+generates with version k - 1 and leaves the workers at version k.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_dat
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
-from rlboost.rollout import Group, new_groups, run_colocated
+from rlboost.rollout import ColocatedRollout, Group, RolloutBackend, new_groups
 from rlboost.run_dir import run_folder
 from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
@@ -36,6 +38,14 @@ from rlboost.trainer import Trainer
 def train(cfg: RLBoostConfig, config_path: str | Path | None = None) -> Path:
     """Run GRPO as configured; returns the run folder."""
     run = setup(cfg, config_path)
+    try:
+        train_loop(cfg, run)
+    finally:
+        run.rollout.close()
+    return run.dir  # the tracker wrote the report (tracking.report) when it closed
+
+
+def train_loop(cfg: RLBoostConfig, run: Run) -> None:
     with MetricsTracker(run.dir, cfg.tracking, total_steps=cfg.run.total_steps, start_step=run.start_step,
                         run_name=run.dir.name) as tracker:
         if run.start_step == 0 and cfg.run.val_before_train and run.val_set.rows:
@@ -51,7 +61,6 @@ def train(cfg: RLBoostConfig, config_path: str | Path | None = None) -> Path:
             tracker.log(step, metrics)
             if due(step, cfg.run.save_freq, cfg.run.total_steps):
                 run.save(step)
-    return run.dir  # the tracker wrote the report (tracking.report) when it closed
 
 
 @dataclasses.dataclass
@@ -63,12 +72,12 @@ class Prompts:
 
 
 @dataclasses.dataclass
-class ColocatedRun:
+class Run:
     """A run's parts once built and, when resuming, restored."""
 
     cfg: RLBoostConfig
     dir: Path
-    engine: LLMEngine
+    rollout: RolloutBackend
     trainer: Trainer
     loader: PromptLoader
     scorer: RewardScorer
@@ -76,27 +85,36 @@ class ColocatedRun:
     train_set: Prompts
     val_set: Prompts
     start_step: int
+    version: int
+    """Weight version the rollout workers serve (= optimizer updates so far)."""
 
     def rl_step(self, step: int) -> dict[str, float]:
-        """One RL step with colocated rollout; returns its metrics (veRL's names)."""
-        cfg, engine = self.cfg, self.engine
+        """One RL step; returns its metrics (veRL's names, plus spot/* and migration/* in hybrid mode)."""
+        cfg = self.cfg
         metrics: dict[str, float] = {"timing_s/reward": 0.0}
         batch = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
         groups = new_groups(step, batch, cfg.rollout.n, cfg.run.seed)
         finished: list[Group] = []
+
+        def scored(stream):
+            for group in stream:
+                with timed(metrics, "reward"):
+                    score(group, self.scorer, self.tokenizer)
+                check_on_policy([group], version=step - 1)
+                finished.append(group)
+                yield group
+
         t0 = time.perf_counter()
-        engine.wake()
-        for group in run_colocated(engine, groups, self.sampling(cfg.rollout.temperature)):
-            with timed(metrics, "reward"):
-                score(group, self.scorer, self.tokenizer)
-            finished.append(group)
-        engine.sleep()  # colocated: the rollout's KV cache makes way for training
-        metrics["timing_s/gen"] = time.perf_counter() - t0 - metrics["timing_s/reward"]
-        check_on_policy(finished, version=step - 1)
-        with timed(metrics, "update_actor"):
-            metrics |= self.trainer.train_step(finished, len(finished))
+        stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
+        t1 = time.perf_counter()
+        metrics |= self.trainer.train_step(scored(stream), len(groups))
+        metrics |= self.rollout.step_metrics()
+        metrics.setdefault("timing_s/gen", t1 - t0)
+        metrics["timing_s/update_actor"] = (time.perf_counter() - t1 - metrics["timing_s/reward"]
+                                            - metrics.get("timing_s/wait_train", 0.0))
         with timed(metrics, "update_weights"):
-            engine.load_weights(self.trainer.weights(), version=step)
+            self.rollout.publish(self.trainer.weights(), version=step)
+        self.version = step
         metrics |= rollout_metrics(finished)
         metrics["reward/errors"] = float(self.scorer.pop_num_errors())
         metrics["training/global_step"] = float(step)
@@ -107,9 +125,8 @@ class ColocatedRun:
         """Mean score of `rollout.val_n` responses per held-out prompt (veRL's `val/score/mean`)."""
         prompts = [(i, ids, row) for i, (ids, row) in enumerate(zip(self.val_set.ids, self.val_set.rows))]
         groups = new_groups(-1, prompts, self.cfg.rollout.val_n, self.cfg.run.seed)
-        self.engine.wake()
-        done = list(run_colocated(self.engine, groups, self.sampling(self.cfg.rollout.val_temperature)))
-        self.engine.sleep()
+        params = self.sampling(self.cfg.rollout.val_temperature)
+        done = list(self.rollout.generate(groups, params, self.version, training=False))
         by_source: dict[str, list[float]] = {}
         for group in done:
             score(group, self.scorer, self.tokenizer)
@@ -130,7 +147,7 @@ class ColocatedRun:
                               max_tokens=self.cfg.data.max_response_length)
 
 
-def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> ColocatedRun:
+def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
     """Check every input, build engine and trainer, and restore the latest checkpoint if resuming."""
     validate(cfg)
     scorer = RewardScorer(load_reward_fn(cfg.reward), cfg.reward.on_error)
@@ -142,9 +159,7 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> ColocatedRun:
     val_set = encode(policy.tokenizer, val_rows, cfg.data.max_prompt_length)
 
     seed_everything(cfg.run.seed)
-    # The engine fuses its model's weights in place, so it gets a copy of its own.
-    engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=policy.eos_token_ids)
-    check_context(cfg, engine.max_model_len)
+    check_context(cfg, cfg.engine.max_model_len or policy.model.config.max_position_embeddings)
     ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
     trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
                       max_response_length=cfg.data.max_response_length,
@@ -156,9 +171,24 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> ColocatedRun:
     start_step = resume(cfg, run_dir, trainer, loader)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    engine.load_weights(trainer.weights(), version=start_step)  # the engine serves exactly the trained weights
-    return ColocatedRun(cfg, run_dir, engine, trainer, loader, scorer, policy.tokenizer, train_set, val_set,
-                        start_step)
+    rollout = make_rollout(cfg, policy.eos_token_ids, trainer.weights(), start_step)
+    return Run(cfg, run_dir, rollout, trainer, loader, scorer, policy.tokenizer, train_set, val_set, start_step,
+               version=start_step)
+
+
+def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int):
+    """The rollout backend of `rollout.mode`, serving exactly the trainer's weights at `version`."""
+    if cfg.rollout.mode == "hybrid":
+        from rlboost.hybrid.rollout import HybridRollout  # Ray is imported only when used
+        from rlboost.hybrid.worker import WorkerSpec
+
+        h = cfg.rollout.hybrid
+        spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s)
+        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed)
+    # The engine fuses its model's weights in place, so it gets a copy of its own.
+    engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
+    engine.load_weights(weights, version=version)
+    return ColocatedRollout(engine)
 
 
 def check_on_policy(groups: list[Group], version: int) -> None:

@@ -77,6 +77,8 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.weight_version = weight_version
         self.asleep = False
+        self.last_step: tuple[int, bool] = (0, False)
+        """(requests in the last step, whether it was a prefill): lets a worker profile decode speed."""
         self._active: dict[str, Sequence] = {}
         self._seed_counter = itertools.count()
         self._request_counter = itertools.count()
@@ -135,6 +137,11 @@ class LLMEngine:
     def has_unfinished(self) -> bool:
         return bool(self._active)
 
+    def progress(self) -> dict[str, int]:
+        """Tokens generated so far by each unfinished request, streamed or not (what a dying worker
+        would lose beyond its last chunk)."""
+        return {rid: len(seq.output_token_ids) for rid, seq in self._active.items()}
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -149,6 +156,7 @@ class LLMEngine:
         if self.asleep:
             raise EngineStateError("the engine is asleep; call wake() first")
         batch, is_prefill = self.scheduler.schedule()
+        self.last_step = (len(batch), is_prefill)
         if not batch:
             return []
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.engine.rng import derive_seed
@@ -55,3 +56,46 @@ def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams
                 if remaining[group.index] == 0:
                     yield group
 
+
+
+class RolloutBackend(Protocol):
+    """Where a step's samples are generated (`rollout.mode`). The training loop depends on this only."""
+
+    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
+        """Generate every sample of `groups` with weights `version`; yield each group once complete,
+        when the trainer may consume it. `training` False: an evaluation pass."""
+
+    def publish(self, weights, version: int) -> None:
+        """Serve `weights` as `version` from now on (called between steps)."""
+
+    def step_metrics(self) -> dict[str, float]:
+        """Backend-specific metrics of the last `generate` (e.g. spot/*, migration/*)."""
+
+    def close(self) -> None:
+        """Release workers and processes."""
+
+
+class ColocatedRollout:
+    """Rollout backend of `rollout.mode=colocated`: the reserved engine generates the whole step, then
+    sleeps so the same device can train (the veRL baseline)."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+
+    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
+        """Every group of the step, in completion order; all generated before the first is handed out."""
+        if self.engine.weight_version != version:
+            raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
+        self.engine.wake()
+        done = list(run_colocated(self.engine, groups, params))
+        self.engine.sleep()
+        return iter(done)
+
+    def publish(self, weights, version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def close(self) -> None:
+        pass

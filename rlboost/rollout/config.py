@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-ROLLOUT_MODES = ("colocated",)
+from rlboost.hybrid.config import HybridConfig
+
+ROLLOUT_MODES = ("colocated", "hybrid")
 
 
 @dataclass
 class RolloutConfig:
     mode: str = "colocated"
-    """`colocated`: rollout and training take turns on the reserved resources (the veRL baseline)."""
+    """`colocated`: rollout and training take turns on the reserved resources (the veRL baseline).
+    `hybrid`: rollout runs on reserved and preemptible workers (Ray actors) with a seeding window,
+    migration and load balancing, and the trainer consumes groups as they finish (`rollout.hybrid`)."""
     n: int = 4
     """Responses per prompt, i.e. the GRPO group size (veRL: rollout.n)."""
     temperature: float = 1.0
@@ -23,6 +27,8 @@ class RolloutConfig:
     """Responses per held-out prompt at evaluation."""
     val_temperature: float = 0.0
     """Evaluation temperature (0: greedy, veRL's default for validation)."""
+    hybrid: HybridConfig = field(default_factory=HybridConfig)
+    """Workers, seeding window, balancing and liveness of `mode=hybrid` (ignored when colocated)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -36,3 +42,4 @@ class RolloutConfig:
             raise ValueError(f"rollout.val_temperature must be >= 0, got {self.val_temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        self.hybrid.validate()

@@ -1,0 +1,77 @@
+"""Hybrid rollout configuration (`rollout.hybrid.*`): workers, the seeding window, balancing, liveness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INSTANCE_KINDS = ("processes", "nodes")
+PREEMPT_WITH = ("sigkill", "node")
+
+
+@dataclass
+class HybridConfig:
+    num_reserved: int = 1
+    """Rollout workers on the reserved resources; they generate during the seeding window, then the
+    reserved resources train."""
+    num_preemptible: int = 2
+    """Preemptible instances (one rollout worker each) at the start of the run."""
+    instances: str = "processes"
+    """How a local run stands up preemptible instances: `processes` (worker processes of the local Ray
+    node) or `nodes` (one extra Ray node per instance, started on this machine, so a preemption can
+    remove a whole node)."""
+    seed_window_s: float = 2.0
+    """T_seed: seconds at the start of a step during which the reserved workers generate too. The
+    offload controller tunes it; 0 hands every sample to the preemptible workers at once."""
+    max_pending: int = 4
+    """Θ: samples a worker may hold queued beyond its batch capacity (engine.max_num_seqs); more wait
+    in the manager, where they can still go to whichever worker frees up first."""
+    plateau_tolerance: float = 0.9
+    """A worker's throughput plateaus at the smallest batch size reaching this fraction of its best
+    measured tokens/s; an idle worker takes the executing samples beyond that batch size."""
+    worker_threads: int = 1
+    """torch threads per worker process."""
+    heartbeat_interval_s: float = 1.0
+    """An idle worker reports at least this often."""
+    heartbeat_timeout_s: float = 60.0
+    """A worker silent for this long is declared dead and fenced (a stuck worker, not only a dead one)."""
+    call_timeout_s: float = 120.0
+    """Limit on a control call to a worker (abort, weight load); a worker that misses it is declared dead."""
+    preempt_every_s: float = 0.0
+    """Chaos for tests and demos: mean seconds between hard kills of a random preemptible instance
+    (a seeded Poisson process over the run; 0 never kills)."""
+    preempt_with: str = "sigkill"
+    """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
+    processes (needs instances=nodes)."""
+    respawn: bool = True
+    """Replace killed instances at the next step boundary, so the pool returns to num_preemptible."""
+    ledger_dir: str | None = None
+    """Diagnostics: each worker appends its per-request generated-token counts after every engine
+    step to a file here, so a test can measure tokens lost to a kill exactly. Off by default."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if self.num_reserved < 1:
+            raise ValueError(f"rollout.hybrid.num_reserved must be >= 1 (the step must be able to finish "
+                             f"without preemptible instances), got {self.num_reserved}")
+        if self.num_preemptible < 0:
+            raise ValueError(f"rollout.hybrid.num_preemptible must be >= 0, got {self.num_preemptible}")
+        if self.instances not in INSTANCE_KINDS:
+            raise ValueError(f"rollout.hybrid.instances={self.instances!r}; choose one of {', '.join(INSTANCE_KINDS)}")
+        if self.preempt_with not in PREEMPT_WITH:
+            raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
+        if self.preempt_with == "node" and self.instances != "nodes":
+            raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes")
+        for name in ("seed_window_s", "preempt_every_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"rollout.hybrid.{name} must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise ValueError("rollout.hybrid.heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if self.max_pending < 0:
+            raise ValueError(f"rollout.hybrid.max_pending must be >= 0, got {self.max_pending}")
+        if not 0 < self.plateau_tolerance <= 1:
+            raise ValueError(f"rollout.hybrid.plateau_tolerance must be in (0, 1], got {self.plateau_tolerance}")
+        if self.worker_threads < 1:
+            raise ValueError(f"rollout.hybrid.worker_threads must be >= 1, got {self.worker_threads}")

@@ -1,0 +1,484 @@
+"""The rollout manager: owns every sample of a step and moves it between workers token by token.
+
+Contract (DESIGN.md 2.3 and the invariants of section 3):
+- Per sample it keeps the state (pending in the manager, running on a worker, finished), the tokens
+  and log-probs received so far with the weight version of each, and how often it moved.
+- Dispatch is per sample, by the JSQ policy, only to workers holding the step's weight version
+  (invariant 1); a migrated sample is resubmitted as prompt + tokens so far with `max_tokens` reduced
+  and its own seed, so it continues exactly (invariant 3).
+- A worker is declared dead when its stream fails or ends, its Ray node leaves the cluster, it is
+  silent for `heartbeat_timeout_s`, a control call to it fails, or someone calls `fence`. Its in-flight
+  samples go back to pending from their last received token (invariants 2, 4), and from then on
+  everything it sends is dropped (invariant 6): liveness never rests on a broken stream alone.
+- Seeding window: reserved workers generate until `seed_window_s`, then hand their partial samples
+  back and sleep, and `StepRun.training_may_start` is set. Without a live preemptible worker they do
+  not hand off; if every preemptible worker dies later they wake and take the work back (invariant 7).
+- Finished GRPO groups are handed out (`StepRun.groups()`) the moment their last sample finishes.
+
+The event loop runs in a thread of the driver, so the trainer can consume groups meanwhile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import ray
+
+from rlboost.engine import SamplingParams
+from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.hybrid.config import HybridConfig
+from rlboost.hybrid.worker import WorkerReport
+from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile, WorkerLoad
+from rlboost.rollout.sample import Group, Sample
+
+RESERVED, PREEMPTIBLE = "reserved", "preemptible"
+POLL_S = 0.02
+NODE_CHECK_S = 0.5
+
+
+class State(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class WorkerHandle:
+    """The manager's view of one worker."""
+
+    name: str
+    kind: str
+    actor: object
+    pid: int
+    node_id: str
+    max_running: int
+    version: int = -1
+    stream: object | None = None
+    fenced: str | None = None
+    """Why the worker was declared dead; None while alive."""
+    accepting: bool = True
+    assigned: set[str] = field(default_factory=set)
+    """Sample uids running (or queued) on it."""
+    generated: dict[str, int] = field(default_factory=dict)
+    last_report: float = 0.0
+    last_finish: float | None = None
+    profile: ThroughputProfile = field(default_factory=ThroughputProfile)
+
+    @property
+    def alive(self) -> bool:
+        return self.fenced is None
+
+
+@dataclass
+class Tracked:
+    sample: Sample
+    group: Group
+    state: State = State.PENDING
+    worker: str | None = None
+    attempt: int = 0
+    base: int = 0
+    """Response tokens the sample already had when this attempt was dispatched."""
+    migrations: int = 0
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.sample.uid}#{self.attempt}"
+
+
+@dataclass
+class StepStats:
+    """What happened during one step's rollout (logged as spot/*, migration/*, timing_s/seed)."""
+
+    preemptions: int = 0
+    deaths: list[tuple[float, str, str]] = field(default_factory=list)
+    """(seconds into the step, worker, reason) of every worker declared dead."""
+    migrated: Counter = field(default_factory=Counter)
+    """Samples moved, by reason: preempted, rebalanced, seed_handoff."""
+    wasted_tokens: int = 0
+    in_flight_at_preemption: int = 0
+    fenced_tokens_dropped: int = 0
+    stale_chunks: int = 0
+    seed_s: float = 0.0
+    """How long the reserved workers generated: the window, or the whole rollout if it ended first."""
+    rollout_s: float = 0.0
+    """From the start of the step to its last finished sample."""
+    received: Counter = field(default_factory=Counter)
+    """Tokens the manager accepted per request id (sample uid # attempt)."""
+    tokens_by_kind: Counter = field(default_factory=Counter)
+    last_finish: dict[str, float] = field(default_factory=dict)
+    """Monotonic time each live preemptible worker finished its last sample of the step."""
+
+
+class RolloutManager:
+    def __init__(self, cfg: HybridConfig):
+        self.cfg = cfg
+        self.workers: dict[str, WorkerHandle] = {}
+        self.dispatcher = JSQDispatcher(cfg.max_pending)
+        self.balancer = Balancer()
+        self._fence_requests: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards `workers` against add_worker from another thread
+
+    # ---- membership --------------------------------------------------------------------------------
+
+    def add_worker(self, handle: WorkerHandle) -> None:
+        handle.stream = handle.actor.stream.options(num_returns="streaming").remote()
+        handle.last_report = time.monotonic()
+        handle.profile = ThroughputProfile(tolerance=self.cfg.plateau_tolerance)
+        with self._lock:
+            self.workers[handle.name] = handle
+
+    def fence(self, name: str, reason: str) -> None:
+        """Declare a worker dead from any thread (e.g. a preemption notice); takes effect in the loop."""
+        self._fence_requests.put((name, reason))
+
+    def alive(self, kind: str | None = None) -> list[WorkerHandle]:
+        with self._lock:
+            return [h for h in self.workers.values() if h.alive and kind in (None, h.kind)]
+
+    def load_weights(self, state_ref, version: int) -> list[WorkerHandle]:
+        """Every live worker loads `version` (from the object store) in parallel; a worker that fails
+        or times out is declared dead, never left serving other weights. Returns those that failed."""
+        handles = self.alive()
+        refs = {h.actor.load_weights.remote(state_ref, version): h for h in handles}
+        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.cfg.call_timeout_s)
+        failed = []
+        for ref, h in refs.items():
+            try:
+                if ref not in ready:
+                    raise TimeoutError(f"no answer in {self.cfg.call_timeout_s}s")
+                h.version = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - any failure means these weights are not served there
+                self._declare_dead(h, f"weight load failed: {first_line(e)}", StepStats(), 0.0)
+                failed.append(h)
+        return failed
+
+    def reap(self) -> list[WorkerHandle]:
+        """Kill and forget workers declared dead (a fenced worker may still be running)."""
+        with self._lock:
+            dead = [h for h in self.workers.values() if not h.alive]
+            for h in dead:
+                del self.workers[h.name]
+        for h in dead:
+            ray.kill(h.actor, no_restart=True)
+        return dead
+
+    def shutdown(self) -> None:
+        for h in list(self.workers.values()):
+            ray.kill(h.actor, no_restart=True)
+        self.workers.clear()
+
+    # ---- a step ------------------------------------------------------------------------------------
+
+    def start_step(self, groups: list[Group], params: SamplingParams, version: int,
+                   seed_window_s: float | None) -> StepRun:
+        """Generate every sample of `groups` at weight `version`. `seed_window_s=None` uses every
+        worker until the end (evaluation); a number runs the seeding window."""
+        run = StepRun(self, groups, params, version, seed_window_s)
+        run.thread.start()
+        return run
+
+    # ---- used by StepRun's loop ----------------------------------------------------------------------
+
+    def _declare_dead(self, h: WorkerHandle, reason: str, stats: StepStats, t: float,
+                      tracked: dict[str, Tracked] | None = None, pending: deque | None = None) -> None:
+        if not h.alive:
+            return
+        h.fenced, h.accepting = reason, False
+        stats.deaths.append((t, h.name, reason))
+        if h.kind == PREEMPTIBLE:
+            stats.preemptions += 1
+            stats.in_flight_at_preemption += len(h.assigned)
+        for uid in sorted(h.assigned):
+            track = tracked[uid]
+            received = len(track.sample.response_ids) - track.base
+            stats.wasted_tokens += max(0, h.generated.get(track.request_id, 0) - received)
+            requeue(track, pending)
+            stats.migrated["preempted"] += 1
+        h.assigned.clear()
+
+
+class StepRun:
+    """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
+
+    def __init__(self, manager: RolloutManager, groups: list[Group], params: SamplingParams, version: int,
+                 seed_window_s: float | None):
+        self.m, self.cfg = manager, manager.cfg
+        self.params, self.version = params, version
+        self.tracked = {s.uid: Tracked(s, g) for g in groups for s in g.samples}
+        self.remaining = {g.index: len(g.samples) for g in groups}
+        self.pending: deque[str] = deque(self.tracked)
+        self.num_finished = 0
+        self.stats = StepStats()
+        self.t0 = time.monotonic()
+        self.seeding = seed_window_s is not None
+        self.deadline = self.t0 + (seed_window_s or 0.0)
+        self.training_may_start = threading.Event()
+        self.trainer_wait_s = 0.0
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._submits: dict[object, WorkerHandle] = {}
+        self._last_node_check = 0.0
+        self._cancelled = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
+        for h in manager.alive(RESERVED):
+            h.accepting = True  # a new step starts with everyone generating
+    def groups(self) -> Iterator[Group]:
+        """Finished groups in completion order, released once the reserved resources are free to
+        train; re-raises whatever stopped the loop. Time spent waiting after that is the trainer's idle
+        time (`trainer_wait_s`)."""
+        self.training_may_start.wait()
+        for _ in range(len(self.remaining)):
+            t0 = time.monotonic()
+            item = self._out.get()
+            self.trainer_wait_s += time.monotonic() - t0
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self.thread.join()
+
+    def cancel(self) -> None:
+        """Stop the loop (the consumer gave up, e.g. on a reward-function error) and wait for it."""
+        self._cancelled.set()
+        self.thread.join()
+
+    # ---- the loop ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self.num_finished < len(self.tracked):
+                if self._cancelled.is_set():
+                    raise RuntimeError("rollout cancelled")
+                now = time.monotonic()
+                self._check_liveness(now)
+                if self.seeding and now >= self.deadline:
+                    self._end_seeding(now)
+                self._ensure_capacity()
+                self._dispatch()
+                self._rebalance()
+                self._receive(POLL_S)
+            now = time.monotonic()
+            self.stats.rollout_s = now - self.t0
+            if self.seeding:
+                self.stats.seed_s = self.stats.rollout_s
+            for h in self.m.alive(PREEMPTIBLE):
+                self.stats.last_finish[h.name] = h.last_finish if h.last_finish is not None else now
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
+            self._out.put(e)
+        finally:
+            self.training_may_start.set()
+
+    def _check_liveness(self, now: float) -> None:
+        while not self.m._fence_requests.empty():
+            name, reason = self.m._fence_requests.get()
+            if name in self.m.workers:
+                self._dead(self.m.workers[name], reason)
+        for h in self.m.alive():
+            if now - h.last_report > self.cfg.heartbeat_timeout_s:
+                self._dead(h, f"no report for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)")
+        if now - self._last_node_check >= NODE_CHECK_S:
+            self._last_node_check = now
+            live_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            for h in self.m.alive():
+                if h.node_id and h.node_id not in live_nodes:
+                    self._dead(h, f"its Ray node {h.node_id[:12]} left the cluster")
+        for ref in [r for r in self._submits if r in ray.wait(list(self._submits), num_returns=len(self._submits),
+                                                                 timeout=0)[0]]:
+            h = self._submits.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                self._dead(h, f"it died: {first_line(e)}")
+            except ray.exceptions.RayTaskError as e:  # the engine refused a request: a bug, not a death
+                raise RuntimeError(f"rollout worker {h.name} rejected a submission: {e}") from e
+
+    def _end_seeding(self, now: float) -> None:
+        if not any(self._eligible(h) for h in self.m.alive(PREEMPTIBLE)):
+            return  # nobody to hand off to: the reserved workers keep going
+        for h in self.m.alive(RESERVED):
+            h.accepting = False
+            self._take_back(h, sorted(h.assigned), "seed_handoff", then_sleep=True)
+        self.seeding = False
+        self.stats.seed_s = now - self.t0
+        self.training_may_start.set()
+
+    def _ensure_capacity(self) -> None:
+        if not self.pending or any(self._eligible(h) for h in self.m.alive()):
+            return
+        reserved = [h for h in self.m.alive(RESERVED) if h.version == self.version]
+        if not reserved:
+            raise RuntimeError(f"no rollout worker left at weight version {self.version}: "
+                               + "; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths))
+        for h in reserved:  # every preemptible worker is gone: the reserved ones take the work back
+            h.accepting = True
+
+    def _eligible(self, h: WorkerHandle) -> bool:
+        return h.alive and h.accepting and h.version == self.version
+
+    def _loads(self) -> list[WorkerLoad]:
+        loads = []
+        for h in self.m.alive():
+            if self._eligible(h):
+                running = min(len(h.assigned), h.max_running)
+                loads.append(WorkerLoad(h.name, running, len(h.assigned) - running, h.max_running))
+        return loads
+
+    def _dispatch(self) -> None:
+        if not self.pending:
+            return
+        decisions = self.m.dispatcher.assign(list(self.pending), self._loads())
+        if decisions:
+            self.pending = deque(uid for uid in self.pending if uid not in decisions)
+            by_worker: dict[str, list[str]] = {}
+            for uid, name in decisions.items():
+                by_worker.setdefault(name, []).append(uid)
+            for name, uids in by_worker.items():
+                self._submit(self.m.workers[name], uids)
+
+    def _submit(self, h: WorkerHandle, uids: list[str]) -> None:
+        requests = []
+        for uid in uids:
+            track = self.tracked[uid]
+            track.state, track.worker, track.attempt = State.RUNNING, h.name, track.attempt + 1
+            track.base = len(track.sample.response_ids)
+            params = dataclasses.replace(self.params, seed=track.sample.seed,
+                                         max_tokens=self.params.max_tokens - track.base)
+            requests.append((track.request_id, track.sample.prompt_ids + track.sample.response_ids, params))
+            h.assigned.add(uid)
+        h.last_finish = None
+        self._submits[h.actor.submit.remote(requests)] = h
+
+    def _rebalance(self) -> None:
+        if self.pending:
+            return  # samples waiting in the manager go to free workers by dispatch first
+        plateaus = {h.name: h.profile.plateau() for h in self.m.alive()}
+        for move in self.m.balancer.rebalance(self._loads(), plateaus):
+            source, target = self.m.workers[move.source], self.m.workers[move.target]
+            # the cheapest to move are those with the fewest tokens (least prompt to re-prefill)
+            by_progress = sorted(source.assigned, key=lambda u: (len(self.tracked[u].sample.response_ids), u))
+            moved = self._take_back(source, by_progress[:move.count], "rebalanced")
+            for uid in moved:
+                self.pending.remove(uid)
+            if moved and target.alive:
+                self._submit(target, moved)
+
+    def _take_back(self, h: WorkerHandle, uids: list[str], reason: str, then_sleep: bool = False) -> list[str]:
+        """Abort `uids` on `h` and put them back to pending from their exact partial outputs. Samples
+        that finished meanwhile stay with `h` (their last chunk is on its way)."""
+        by_request = {self.tracked[uid].request_id: uid for uid in uids}
+        try:
+            partials = ray.get(h.actor.abort.remote(list(by_request), then_sleep),
+                               timeout=self.cfg.call_timeout_s)
+        except (ray.exceptions.RayError, TimeoutError) as e:
+            self._dead(h, f"abort failed: {first_line(e)}")
+            return []
+        moved = []
+        for request_id, partial in partials.items():
+            uid = by_request[request_id]
+            self._absorb_partial(self.tracked[uid], partial)
+            h.assigned.discard(uid)
+            requeue(self.tracked[uid], self.pending)
+            self.stats.migrated[reason] += 1
+            moved.append(uid)
+        return moved
+
+    def _absorb_partial(self, track: Tracked, partial: PartialOutput) -> None:
+        sample = track.sample
+        received = sample.response_ids[track.base:]
+        if partial.token_ids[:len(received)] != received:
+            raise RuntimeError(f"sample {sample.uid}: the aborted request's tokens do not extend the "
+                               "tokens already streamed")
+        self._check_version(sample, partial.weight_version)
+        extra = len(partial.token_ids) - len(received)
+        self.stats.received[partial.request_id] += extra
+        sample.response_ids += partial.token_ids[len(received):]
+        sample.logprobs += partial.logprobs[len(received):]
+        sample.versions += [partial.weight_version] * extra
+
+    def _receive(self, timeout: float) -> None:
+        streams = {h.stream: h for h in list(self.m.workers.values()) if h.stream is not None}
+        if not streams:
+            time.sleep(timeout)
+            return
+        ready, _ = ray.wait(list(streams), num_returns=1, timeout=timeout)
+        if ready:
+            ready, _ = ray.wait(list(streams), num_returns=len(streams), timeout=0)
+        for gen in ready:
+            self._drain(streams[gen])
+
+    def _drain(self, h: WorkerHandle) -> None:
+        while h.stream is not None and ray.wait([h.stream], timeout=0)[0]:
+            try:
+                report = ray.get(next(h.stream))
+            except StopIteration:
+                h.stream = None
+                self._dead(h, "its stream ended")
+            except ray.exceptions.RayError as e:
+                h.stream = None
+                self._dead(h, f"it died: {first_line(e)}")
+            else:
+                self._on_report(h, report)
+
+    def _on_report(self, h: WorkerHandle, report: WorkerReport) -> None:
+        if not h.alive:  # fenced: whatever it says now is dropped
+            self.stats.fenced_tokens_dropped += sum(len(c.token_ids) for c in report.chunks)
+            return
+        h.last_report = time.monotonic()
+        h.generated = report.generated
+        if report.batch_size and report.step_s > 0:
+            h.profile.observe(report.batch_size, report.batch_size / report.step_s)
+        for chunk in report.chunks:
+            self._on_chunk(h, chunk)
+
+    def _on_chunk(self, h: WorkerHandle, chunk: StreamChunk) -> None:
+        uid, _, attempt = chunk.request_id.rpartition("#")
+        track = self.tracked.get(uid)
+        if (track is None or track.state is not State.RUNNING or track.worker != h.name
+                or str(track.attempt) != attempt):
+            self.stats.stale_chunks += 1  # from an attempt already taken back; its tokens came with the abort
+            return
+        sample = track.sample
+        self._check_version(sample, chunk.weight_version)
+        if track.base + chunk.offset != len(sample.response_ids):
+            raise RuntimeError(f"sample {uid}: chunk at response offset {track.base + chunk.offset} but "
+                               f"{len(sample.response_ids)} tokens received (a gap or a duplicate)")
+        self.stats.received[chunk.request_id] += len(chunk.token_ids)
+        sample.response_ids += chunk.token_ids
+        sample.logprobs += chunk.logprobs
+        sample.versions += [chunk.weight_version] * len(chunk.token_ids)
+        self.stats.tokens_by_kind[h.kind] += len(chunk.token_ids)
+        if chunk.finished:
+            sample.finish_reason = chunk.finish_reason
+            track.state, track.worker = State.FINISHED, None
+            h.assigned.discard(uid)
+            if not h.assigned:
+                h.last_finish = time.monotonic()
+            self.num_finished += 1
+            self.remaining[track.group.index] -= 1
+            if self.remaining[track.group.index] == 0:
+                self._out.put(track.group)
+
+    def _check_version(self, sample: Sample, version: int) -> None:
+        if version != self.version:
+            raise RuntimeError(f"sample {sample.uid}: tokens of weight version {version} in a step at "
+                               f"version {self.version}")
+
+    def _dead(self, h: WorkerHandle, reason: str) -> None:
+        self.m._declare_dead(h, reason, self.stats, time.monotonic() - self.t0, self.tracked, self.pending)
+
+
+def requeue(track: Tracked, pending: deque) -> None:
+    """Back to the manager, first in line: it already holds tokens and a group waits on it."""
+    track.state, track.worker = State.PENDING, None
+    track.migrations += 1
+    pending.appendleft(track.sample.uid)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"

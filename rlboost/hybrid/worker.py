@@ -1,0 +1,152 @@
+"""A rollout worker: one engine in its own process (a Ray actor), on a reserved or preemptible resource.
+
+Contract (DESIGN.md 2.2):
+- `stream()` is a streaming generator the manager reads for the worker's whole life. After every
+  engine step that produced chunks it yields a `WorkerReport` at once, so a chunk leaves the process
+  as soon as it exists and a hard kill loses at most the tokens not yet chunked (< stream_interval
+  per request) or one chunk in transit. An idle worker still reports every `heartbeat_interval_s`.
+- `submit`, `abort`, `load_weights`, `sleep`, `wake` are control calls, run between engine steps
+  (they take the engine lock). `abort` returns each request's exact partial output.
+- The worker knows nothing of samples, steps or fencing: the manager decides what its reports mean.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.models import ModelConfig, load_model
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker process needs to build its engine."""
+
+    model: ModelConfig
+    engine: EngineConfig
+    eos_token_ids: list[int]
+    num_threads: int = 1
+    heartbeat_interval_s: float = 1.0
+    ledger_path: str | None = None
+
+
+@dataclass
+class WorkerReport:
+    """What a worker streams: new chunks and its load right after an engine step (or a heartbeat)."""
+
+    chunks: list[StreamChunk]
+    running: int
+    waiting: int
+    generated: dict[str, int] = field(default_factory=dict)
+    """Tokens generated so far by each unfinished request, streamed or not."""
+    batch_size: int = 0
+    """Requests in the step just run (0 for a heartbeat or a prefill)."""
+    step_s: float = 0.0
+    """Duration of that decode step."""
+
+
+@dataclass
+class WorkerInfo:
+    pid: int
+    node_id: str
+    max_running: int
+    version: int
+
+
+class RolloutWorker:
+    """Wrapped as a Ray actor by `hybrid.cluster`; usable directly in-process too."""
+
+    def __init__(self, spec: WorkerSpec):
+        torch.set_num_threads(spec.num_threads)
+        loaded = load_model(spec.model)
+        self.engine = LLMEngine(loaded.model, spec.engine, eos_token_ids=spec.eos_token_ids)
+        self.spec = spec
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._ledger = open(spec.ledger_path, "a") if spec.ledger_path else None
+
+    def info(self) -> WorkerInfo:
+        import ray  # only the actor needs Ray; the class itself runs without it
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        return WorkerInfo(os.getpid(), node, self.engine.config.max_num_seqs, self.engine.weight_version)
+
+    # ---- control calls ---------------------------------------------------------------------------
+
+    def submit(self, requests: list[tuple[str, list[int], SamplingParams]]) -> None:
+        with self._cv:
+            self.engine.wake()  # work for a sleeping reserved worker means it is rollout's turn again
+            for request_id, prompt_ids, params in requests:
+                self.engine.add(request_id, prompt_ids, params)
+            self._cv.notify_all()
+
+    def abort(self, request_ids: list[str], then_sleep: bool = False) -> dict[str, PartialOutput]:
+        """Partial outputs of the requests still running (finished ones already streamed their last
+        chunk). `then_sleep` frees the KV cache in the same call, once the engine is idle."""
+        with self._cv:
+            partials = self.engine.abort(request_ids)
+            if then_sleep and not self.engine.has_unfinished():
+                self.engine.sleep()
+            return partials
+
+    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+        with self._cv:
+            self.engine.load_weights(state, version)
+            return version
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+
+    # ---- the stream ------------------------------------------------------------------------------
+
+    def stream(self) -> Iterator[WorkerReport]:
+        last_report = time.monotonic()
+        while True:
+            with self._cv:
+                if self._stopped:
+                    return
+                if self.engine.asleep or not self.engine.has_unfinished():
+                    self._cv.wait(timeout=self.spec.heartbeat_interval_s)
+                    report = None if self.engine.has_unfinished() and not self.engine.asleep else self._report([])
+                else:
+                    t0 = time.perf_counter()
+                    chunks = self.engine.step()
+                    step_s = time.perf_counter() - t0
+                    batch_size, was_prefill = self.engine.last_step
+                    decoding = 0 if was_prefill else batch_size
+                    self._write_ledger()
+                    due = time.monotonic() - last_report >= self.spec.heartbeat_interval_s
+                    report = self._report(chunks, decoding, step_s) if chunks or due else None
+            if report is not None:
+                last_report = time.monotonic()
+                yield report
+
+    def _report(self, chunks: list[StreamChunk], batch_size: int = 0, step_s: float = 0.0) -> WorkerReport:
+        return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
+                            batch_size, step_s)
+
+    def _write_ledger(self) -> None:
+        if self._ledger is not None:
+            # flushed to the OS at once: a SIGKILL loses the process, not the page cache
+            self._ledger.write(" ".join(f"{rid}={n}" for rid, n in self.engine.progress().items()) + "\n")
+            self._ledger.flush()
+
+
+def read_ledger(path: str | Path) -> dict[str, int]:
+    """Most tokens each request ever had generated on the worker that wrote `path`."""
+    most: dict[str, int] = {}
+    for line in Path(path).read_text().splitlines():
+        for item in line.split():
+            rid, n = item.rsplit("=", 1)
+            most[rid] = max(most.get(rid, 0), int(n))
+    return most

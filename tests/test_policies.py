@@ -1,0 +1,163 @@
+"""Policies: JSQ dispatch with the pending cap, the throughput-plateau profile, continuous balancing."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from rlboost.policies import Balancer, JSQDispatcher, Move, ThroughputProfile, WorkerLoad
+
+
+def worker(name, running=0, pending=0, max_running=4):
+    return WorkerLoad(name, running, pending, max_running)
+
+
+def apply(loads, moves):
+    """Apply moves the way the manager does: a pending sample fills a free slot first, else queues."""
+    by_name = {load.name: load for load in loads}
+    for move in moves:
+        source, target = by_name[move.source], by_name[move.target]
+        if move.executing:
+            source = replace(source, running=source.running - move.count)
+            target = replace(target, running=target.running + move.count)
+        else:
+            source = replace(source, pending=source.pending - move.count)
+            started = min(move.count, target.max_running - target.running)
+            target = replace(target, running=target.running + started,
+                             pending=target.pending + move.count - started)
+        by_name[move.source], by_name[move.target] = source, target
+    return list(by_name.values())
+
+
+# --- JSQ dispatch ---
+
+def test_jsq_spreads_evenly_across_empty_workers():
+    assignment = JSQDispatcher(2).assign([f"s{i}" for i in range(6)], [worker("a"), worker("b"), worker("c")])
+    assert Counter(assignment.values()) == {"a": 2, "b": 2, "c": 2}
+    assert list(assignment) == [f"s{i}" for i in range(6)]
+
+
+def test_jsq_fills_free_slots_before_pending():
+    loads = [worker("a", running=4), worker("b", running=3)]  # a full, b has one free slot
+    assert JSQDispatcher(5).assign(["x", "y"], loads) == {"x": "b", "y": "a"}
+
+
+def test_jsq_respects_cap_and_leaves_the_rest_out():
+    loads = [worker("a", running=4, pending=1), worker("b", running=4)]
+    assignment = JSQDispatcher(2).assign([f"s{i}" for i in range(10)], loads)
+    assert Counter(assignment.values()) == {"a": 1, "b": 2}
+    assert list(assignment) == ["s0", "s1", "s2"]
+
+
+def test_jsq_zero_cap_uses_only_free_slots():
+    loads = [worker("a", running=2), worker("b", running=4)]
+    assignment = JSQDispatcher(0).assign(["x", "y", "z"], loads)
+    assert assignment == {"x": "a", "y": "a"}
+
+
+def test_jsq_prefers_fewer_pending():
+    loads = [worker("a", running=4, pending=2), worker("b", running=4, pending=1)]
+    assert JSQDispatcher(5).assign(["x", "y"], loads) == {"x": "b", "y": "a"}  # then a tie: name decides
+
+
+def test_jsq_tie_break_is_by_name_and_deterministic():
+    loads = [worker("c"), worker("a"), worker("b")]
+    first = JSQDispatcher(1).assign(["x"], loads)
+    assert first == {"x": "a"}
+    assert all(JSQDispatcher(1).assign(["x"], loads) == first for _ in range(5))
+
+
+def test_jsq_does_not_mutate_and_handles_empty():
+    loads = [worker("a", running=1), worker("b")]
+    snapshot = list(loads)
+    JSQDispatcher(1).assign(["x", "y", "z"], loads)
+    assert loads == snapshot
+    assert JSQDispatcher(1).assign(["x"], []) == {}
+    with pytest.raises(ValueError):
+        JSQDispatcher(-1)
+
+
+# --- Throughput profile ---
+
+def test_profile_plateau_is_smallest_size_near_the_best():
+    profile = ThroughputProfile(tolerance=0.9)
+    assert profile.plateau() is None
+    for size, tokens_per_s in [(1, 100), (2, 190), (4, 350), (8, 390), (16, 400)]:
+        profile.observe(size, tokens_per_s)
+    assert profile.plateau() == 8  # 390 >= 0.9 * 400 > 350
+    assert ThroughputProfile(tolerance=1.0).plateau() is None
+
+
+def test_profile_smoothing_moves_toward_new_observations():
+    profile = ThroughputProfile(smoothing=0.25)
+    profile.observe(4, 100.0)
+    profile.observe(4, 200.0)
+    assert profile.throughput(4) == pytest.approx(125.0)
+    assert profile.throughput(8) is None
+
+
+def test_profile_ignores_invalid_observations():
+    profile = ThroughputProfile()
+    for size, tokens_per_s in [(0, 100.0), (-2, 100.0), (4, -1.0), (4, float("nan"))]:
+        profile.observe(size, tokens_per_s)
+    assert profile.plateau() is None and profile.throughput(4) is None
+
+
+# --- Balancer ---
+
+def test_balancer_moves_one_pending_sample_to_a_worker_with_none():
+    loads = [worker("a", running=4, pending=3), worker("b", running=4)]
+    assert Balancer().rebalance(loads, {}) == [Move("a", "b", 1, executing=False)]
+
+
+def test_balancer_no_move_without_pending_or_idle():
+    loads = [worker("a", running=4), worker("b", running=2)]
+    assert Balancer(default_plateau=1).rebalance(loads, {}) == []
+
+
+def test_balancer_does_not_ping_pong_a_single_pending_sample():
+    loads = [worker("a", running=4, pending=1), worker("b", running=4)]
+    assert Balancer().rebalance(loads, {}) == []
+
+
+def test_balancer_executing_move_is_running_minus_plateau():
+    loads = [worker("busy", running=14, max_running=16), worker("idle", max_running=16),
+             worker("light", running=3, max_running=16)]
+    assert Balancer().rebalance(loads, {"busy": 8}) == [Move("busy", "idle", 6, executing=True)]
+    assert Balancer().rebalance(loads, {"busy": 14}) == []
+
+
+def test_balancer_default_plateau_applies_only_without_profile():
+    loads = [worker("busy", running=10, max_running=16), worker("idle", max_running=16)]
+    assert Balancer(default_plateau=4).rebalance(loads, {}) == [Move("busy", "idle", 6, executing=True)]
+    assert Balancer(default_plateau=4).rebalance(loads, {"busy": 7}) == [Move("busy", "idle", 3, executing=True)]
+    assert Balancer(default_plateau=None).rebalance(loads, {"busy": None}) == []
+
+
+def test_balancer_executing_move_capped_by_idle_capacity():
+    loads = [worker("busy", running=30, max_running=32), worker("idle", max_running=4)]
+    assert Balancer().rebalance(loads, {"busy": 2}) == [Move("busy", "idle", 4, executing=True)]
+
+
+def test_balancer_two_idle_workers_do_not_take_the_same_samples():
+    loads = [worker("busy", running=12, max_running=16), worker("idle1", max_running=4),
+             worker("idle2", max_running=16)]
+    moves = Balancer().rebalance(loads, {"busy": 4, "idle1": 4})
+    assert moves == [Move("busy", "idle1", 4, executing=True), Move("busy", "idle2", 4, executing=True)]
+
+
+@pytest.mark.parametrize("loads", [
+    [worker("a", running=4, pending=5), worker("b", running=1), worker("c", running=4), worker("d")],
+    [worker("a", running=16, max_running=16), worker("b", max_running=8), worker("c", max_running=8)],
+    [worker("a", running=4, pending=4), worker("b", running=4), worker("c", running=4)],
+])
+def test_balancer_is_idempotent_and_does_not_mutate(loads):
+    balancer = Balancer(default_plateau=2)
+    snapshot = list(loads)
+    moves = balancer.rebalance(loads, {})
+    assert moves and loads == snapshot
+    settled = apply(loads, moves)
+    assert balancer.rebalance(settled, {}) == []
+    assert sum(w.running + w.pending for w in settled) == sum(w.running + w.pending for w in loads)
