@@ -32,7 +32,7 @@ class HybridConfig:
     """torch threads per worker process."""
     heartbeat_interval_s: float = 1.0
     """An idle worker reports at least this often."""
-    heartbeat_timeout_s: float = 60.0
+    heartbeat_timeout_s: float = 15.0
     """A worker silent for this long is declared dead and fenced (a stuck worker, not only a dead one)."""
     call_timeout_s: float = 120.0
     """Limit on a control call to a worker (abort, weight load); a worker that misses it is declared dead."""
