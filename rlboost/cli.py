@@ -1,6 +1,7 @@
 """The `rlboost` command.
 
     rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
+    rlboost bench hybrid [--json PATH] [--preemptible N] [--kills K] [--max-tokens T] ...
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost train [CONFIG.yaml] [key=value ...]
 """
@@ -31,6 +32,21 @@ def _bench_engine(args: argparse.Namespace) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {path}")
+    return 0
+
+
+def _bench_hybrid(args: argparse.Namespace) -> int:
+    from rlboost.bench.hybrid import HybridBenchConfig, bench_hybrid, render
+
+    cfg = HybridBenchConfig(model=args.model, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
+                            preemptible=args.preemptible, kills=args.kills, seed_window_s=args.seed_window_s,
+                            stream_interval=args.stream_interval, seed=args.seed)
+    with console.status("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs..."):
+        result = bench_hybrid(cfg)
+    console.print(render(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {args.json}")
     return 0
 
 
@@ -102,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--json", help="write the results to this JSON file")
     engine.set_defaults(func=_bench_engine)
 
+    from rlboost.bench.hybrid import HybridBenchConfig
+
+    hdefaults = HybridBenchConfig()
+    hybrid = bench.add_parser("hybrid", help="one rollout step colocated vs hybrid (Ray workers, real SIGKILLs)")
+    for name, value in vars(hdefaults).items():
+        hybrid.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
+    hybrid.add_argument("--json", help="write the results to this JSON file")
+    hybrid.set_defaults(func=_bench_hybrid)
+
     gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
     gen.add_argument("config", nargs="?", help="YAML config (optional)")
     gen.add_argument("overrides", nargs="*", help="dotted overrides, e.g. engine.stream_interval=4")
@@ -112,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_generate)
 
-    train = commands.add_parser("train", help="GRPO training (rollout.mode=colocated: the veRL-style baseline)")
+    train = commands.add_parser("train", help="GRPO training (rollout.mode=colocated or hybrid)")
     train.add_argument("config", nargs="?", help="YAML config, e.g. configs/smoke.yaml (optional)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 run.total_steps=20")
     train.set_defaults(func=_train)
