@@ -23,6 +23,7 @@ ENGINE = EngineConfig(device="cpu", max_num_seqs=16, stream_interval=4)
 MAX_TOKENS = 256
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 NUM_PROMPTS, N = 16, 4
+STEP_LIMIT_S = 120.0
 STEPS = itertools.count(1)  # each step's sample uids differ, so a worker's ledger tells steps apart
 
 
@@ -53,11 +54,11 @@ def start_fleet(tmp: Path, num_preemptible: int, **cfg) -> tuple[Fleet, object]:
     return fleet, weights
 
 
-def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str | None = None):
+def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str | None = None, version: int = 0):
     """One step of the workload; `kills` = [(seconds after start, index among live preemptible)]
     hard-kills at those moments. Returns (groups in arrival order, the StepRun)."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
-    run = fleet.manager.start_step(groups, GREEDY, version=0, seed_window_s=seed_window_s)
+    run = fleet.manager.start_step(groups, GREEDY, version=version, seed_window_s=seed_window_s)
 
     def chaos():
         t0 = time.monotonic()
@@ -70,12 +71,17 @@ def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str
 
     killer = threading.Thread(target=chaos, daemon=True)
     killer.start()
-    out = list(run.groups())
+    watchdog = threading.Timer(STEP_LIMIT_S, run._cancelled.set)  # a hang fails the test instead
+    watchdog.start()
+    try:
+        out = list(run.groups())
+    finally:
+        watchdog.cancel()
     killer.join()
     return out, run
 
 
-def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None) -> None:
+def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, version: int = 0) -> None:
     """Exactly once, on-policy, exact continuation (greedy == reference), bounded waste."""
     assert sorted(g.index for g in out) == list(range(NUM_PROMPTS))  # every group once
     samples = [s for g in out for s in g.samples]
@@ -85,7 +91,7 @@ def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None) -> 
         assert s.finish_reason == "length" and len(s.response_ids) == MAX_TOKENS, s.uid
         assert s.response_ids == tokens, f"{s.uid} is not the uninterrupted greedy continuation"
         assert max(abs(a - b) for a, b in zip(s.logprobs, logprobs)) < 1e-4, s.uid
-        assert s.versions == [0] * MAX_TOKENS, s.uid
+        assert s.versions == [version] * MAX_TOKENS, s.uid
     if ledger_dir is not None:  # tokens generated on a killed worker but never received
         interval = ENGINE.stream_interval
         for _, name, _ in run.stats.deaths:

@@ -4,11 +4,14 @@ fenced worker's late tokens are dropped; the step finishes without preemptible w
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import threading
 import time
 
 import pytest
+import ray
 
 from hybrid_util import check_invariants, reference, run_step, start_fleet
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED
@@ -69,12 +72,54 @@ def test_a_fenced_worker_cannot_contribute(fleet, ref):
     refill(fleet)
 
 
+def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
+    """SIGSTOP freezes a busy worker: Ray still counts it alive and its stream just goes quiet. Missed
+    heartbeats get it declared dead; SIGCONT right after lets it stream again, and all of it is dropped."""
+    cfg = fleet.manager.cfg
+    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, 1.6
+    frozen = {}
+
+    def freeze_then_thaw():
+        time.sleep(0.5)
+        frozen["h"] = h = max(fleet.manager.alive(PREEMPTIBLE), key=lambda h: len(h.assigned))
+        os.kill(h.pid, signal.SIGSTOP)
+        while h.alive:
+            time.sleep(0.01)
+        os.kill(h.pid, signal.SIGCONT)
+
+    thread = threading.Thread(target=freeze_then_thaw, daemon=True)
+    thread.start()
+    try:
+        out, run = run_step(fleet)
+    finally:
+        thread.join()
+        cfg.heartbeat_timeout_s = saved
+    check_invariants(out, run, ref)
+    [(_, name, reason)] = run.stats.deaths
+    assert name == frozen["h"].name and reason.startswith("no report"), run.stats.deaths
+    assert run.stats.fenced_tokens_dropped > 0
+    refill(fleet)
+
+
 def test_all_preemptible_workers_dying_mid_step(fleet, ref):
     out, run = run_step(fleet, kills=[(0.5, 0), (0.5, 0), (0.5, 0)])
     check_invariants(out, run, ref, fleet.tmp / "ledgers")
     assert run.stats.preemptions == 3
     assert run.stats.tokens_by_kind[RESERVED] > 0  # the reserved worker took the work back
     refill(fleet)
+
+
+def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
+    """Invariant 1: only workers holding the step's version generate. One preemptible worker misses
+    the update to version 1 (same tensors, so the reference outputs stay valid) and must stay idle."""
+    stale, *updated = sorted(fleet.manager.alive(), key=lambda h: (h.kind != PREEMPTIBLE, h.name))
+    for h in updated:
+        h.version = ray.get(h.actor.load_weights.remote(fleet.weights, 1))
+    out, run = run_step(fleet, version=1)
+    check_invariants(out, run, ref, version=1)
+    assert stale.kind == PREEMPTIBLE and stale.alive and stale.version == 0
+    assert run.stats.tokens_by_worker[stale.name] == 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
+    fleet.manager.load_weights(fleet.weights, 0)  # back to version 0 for the other tests
 
 
 def test_zero_preemptible_workers(fleet, ref):

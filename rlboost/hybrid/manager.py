@@ -93,6 +93,19 @@ class Tracked:
 
 
 @dataclass
+class PendingAbort:
+    """An abort sent to a worker whose answer (the partial outputs) has not arrived yet."""
+
+    worker: WorkerHandle
+    requests: dict[str, str]
+    """Request id -> sample uid."""
+    reason: str
+    target: WorkerHandle | None
+    """Where the taken-back samples go (rebalancing); None: back to the dispatcher."""
+    sent: float
+
+
+@dataclass
 class StepStats:
     """What happened during one step's rollout (logged as spot/*, migration/*, timing_s/seed)."""
 
@@ -112,6 +125,7 @@ class StepStats:
     received: Counter = field(default_factory=Counter)
     """Tokens the manager accepted per request id (sample uid # attempt)."""
     tokens_by_kind: Counter = field(default_factory=Counter)
+    tokens_by_worker: Counter = field(default_factory=Counter)
     last_finish: dict[str, float] = field(default_factory=dict)
     """Monotonic time each live preemptible worker finished its last sample of the step."""
 
@@ -124,6 +138,8 @@ class RolloutManager:
         self.balancer = Balancer()
         self._fence_requests: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards `workers` against add_worker from another thread
+        self.between_steps = StepStats()
+        """Deaths found out between steps (e.g. a failed weight load); counted in the next step."""
 
     # ---- membership --------------------------------------------------------------------------------
 
@@ -155,7 +171,7 @@ class RolloutManager:
                     raise TimeoutError(f"no answer in {self.cfg.call_timeout_s}s")
                 h.version = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - any failure means these weights are not served there
-                self._declare_dead(h, f"weight load failed: {first_line(e)}", StepStats(), 0.0)
+                self._declare_dead(h, f"weight load failed: {first_line(e)}", self.between_steps, 0.0)
                 failed.append(h)
         return failed
 
@@ -215,7 +231,7 @@ class StepRun:
         self.remaining = {g.index: len(g.samples) for g in groups}
         self.pending: deque[str] = deque(self.tracked)
         self.num_finished = 0
-        self.stats = StepStats()
+        self.stats, manager.between_steps = manager.between_steps, StepStats()
         self.t0 = time.monotonic()
         self.seeding = seed_window_s is not None
         self.deadline = self.t0 + (seed_window_s or 0.0)
@@ -223,11 +239,16 @@ class StepRun:
         self.trainer_wait_s = 0.0
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._submits: dict[object, WorkerHandle] = {}
+        self._aborts: dict[object, PendingAbort] = {}
+        self._handoffs: set[object] = set()
         self._last_node_check = 0.0
         self._cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
-        for h in manager.alive(RESERVED):
-            h.accepting = True  # a new step starts with everyone generating
+        for h in manager.alive():
+            # nobody reads the streams between steps: silence is measured from the step's start
+            h.last_report = max(h.last_report, self.t0)
+            if h.kind == RESERVED:
+                h.accepting = True  # a new step starts with everyone generating
     def groups(self) -> Iterator[Group]:
         """Finished groups in completion order, released once the reserved resources are free to
         train; re-raises whatever stopped the loop. Time spent waiting after that is the trainer's idle
@@ -262,6 +283,7 @@ class StepRun:
                 self._dispatch()
                 self._rebalance()
                 self._receive(POLL_S)
+                self._collect_answers()
             now = time.monotonic()
             self.stats.rollout_s = now - self.t0
             if self.seeding:
@@ -287,8 +309,22 @@ class StepRun:
             for h in self.m.alive():
                 if h.node_id and h.node_id not in live_nodes:
                     self._dead(h, f"its Ray node {h.node_id[:12]} left the cluster")
-        for ref in [r for r in self._submits if r in ray.wait(list(self._submits), num_returns=len(self._submits),
-                                                                 timeout=0)[0]]:
+        for ref, pa in list(self._aborts.items()):
+            if now - pa.sent > self.cfg.call_timeout_s:
+                self._dead(pa.worker, f"no answer to an abort in {self.cfg.call_timeout_s}s "
+                                      "(rollout.hybrid.call_timeout_s)")
+
+    def _collect_answers(self) -> None:
+        """Results of control calls: a failed submit or abort means a dead worker; an abort's
+        partial outputs put its samples back to pending (or straight onto a rebalancing target)."""
+        calls = list(self._submits) + list(self._aborts)
+        for ref in ray.wait(calls, num_returns=len(calls), timeout=0)[0] if calls else []:
+            if ref in self._aborts:
+                try:
+                    self._aborted(ref, ray.get(ref))
+                except ray.exceptions.RayError as e:
+                    self._dead(self._aborts[ref].worker, f"abort failed: {first_line(e)}")
+                continue
             h = self._submits.pop(ref)
             try:
                 ray.get(ref)
@@ -302,10 +338,15 @@ class StepRun:
             return  # nobody to hand off to: the reserved workers keep going
         for h in self.m.alive(RESERVED):
             h.accepting = False
-            self._take_back(h, sorted(h.assigned), "seed_handoff", then_sleep=True)
+            self._handoffs.add(self._take_back(h, sorted(h.assigned), "seed_handoff", then_sleep=True))
         self.seeding = False
         self.stats.seed_s = now - self.t0
-        self.training_may_start.set()
+        self._release_trainer()
+
+    def _release_trainer(self) -> None:
+        """The reserved resources are the trainer's once every reserved worker has stopped and slept."""
+        if not self.seeding and not self._handoffs:
+            self.training_may_start.set()
 
     def _ensure_capacity(self) -> None:
         if not self.pending or any(self._eligible(h) for h in self.m.alive()):
@@ -354,40 +395,46 @@ class StepRun:
         self._submits[h.actor.submit.remote(requests)] = h
 
     def _rebalance(self) -> None:
-        if self.pending:
-            return  # samples waiting in the manager go to free workers by dispatch first
+        if self.pending or self._aborts:
+            return  # dispatch first; and decide on loads that no abort in flight is about to change
         plateaus = {h.name: h.profile.plateau() for h in self.m.alive()}
         for move in self.m.balancer.rebalance(self._loads(), plateaus):
             source, target = self.m.workers[move.source], self.m.workers[move.target]
             # the cheapest to move are those with the fewest tokens (least prompt to re-prefill)
             by_progress = sorted(source.assigned, key=lambda u: (len(self.tracked[u].sample.response_ids), u))
-            moved = self._take_back(source, by_progress[:move.count], "rebalanced")
-            for uid in moved:
-                self.pending.remove(uid)
-            if moved and target.alive:
-                self._submit(target, moved)
+            self._take_back(source, by_progress[:move.count], "rebalanced", target=target)
 
-    def _take_back(self, h: WorkerHandle, uids: list[str], reason: str, then_sleep: bool = False) -> list[str]:
-        """Abort `uids` on `h` and put them back to pending from their exact partial outputs. Samples
-        that finished meanwhile stay with `h` (their last chunk is on its way)."""
-        by_request = {self.tracked[uid].request_id: uid for uid in uids}
-        try:
-            partials = ray.get(h.actor.abort.remote(list(by_request), then_sleep),
-                               timeout=self.cfg.call_timeout_s)
-        except (ray.exceptions.RayError, TimeoutError) as e:
-            self._dead(h, f"abort failed: {first_line(e)}")
-            return []
+    def _take_back(self, h: WorkerHandle, uids: list[str], reason: str, then_sleep: bool = False,
+                   target: WorkerHandle | None = None):
+        """Ask `h` to abort `uids`; `_aborted` handles the answer. Returns the call's ref."""
+        requests = {self.tracked[uid].request_id: uid for uid in uids}
+        ref = h.actor.abort.remote(list(requests), then_sleep)
+        self._aborts[ref] = PendingAbort(h, requests, reason, target, time.monotonic())
+        return ref
+
+    def _aborted(self, ref, partials: dict[str, PartialOutput]) -> None:
+        """Samples still running on the aborted attempt continue from their exact partial output;
+        those absent finished meanwhile (their last chunk is on its way)."""
+        pa = self._aborts.pop(ref)
+        self._handoffs.discard(ref)
         moved = []
         for request_id, partial in partials.items():
-            uid = by_request[request_id]
-            self._absorb_partial(self.tracked[uid], partial)
-            h.assigned.discard(uid)
-            requeue(self.tracked[uid], self.pending)
-            self.stats.migrated[reason] += 1
+            uid = pa.requests[request_id]
+            track = self.tracked[uid]
+            if not pa.worker.alive or track.state is not State.RUNNING or track.request_id != request_id:
+                continue
+            self._absorb_partial(track, partial, pa.worker.kind, pa.worker.name)
+            pa.worker.assigned.discard(uid)
+            requeue(track, self.pending)
+            self.stats.migrated[pa.reason] += 1
             moved.append(uid)
-        return moved
+        if moved and pa.target is not None and self._eligible(pa.target):
+            for uid in moved:
+                self.pending.remove(uid)
+            self._submit(pa.target, moved)
+        self._release_trainer()
 
-    def _absorb_partial(self, track: Tracked, partial: PartialOutput) -> None:
+    def _absorb_partial(self, track: Tracked, partial: PartialOutput, kind: str, worker: str) -> None:
         sample = track.sample
         received = sample.response_ids[track.base:]
         if partial.token_ids[:len(received)] != received:
@@ -396,6 +443,8 @@ class StepRun:
         self._check_version(sample, partial.weight_version)
         extra = len(partial.token_ids) - len(received)
         self.stats.received[partial.request_id] += extra
+        self.stats.tokens_by_kind[kind] += extra
+        self.stats.tokens_by_worker[worker] += extra
         sample.response_ids += partial.token_ids[len(received):]
         sample.logprobs += partial.logprobs[len(received):]
         sample.versions += [partial.weight_version] * extra
@@ -452,6 +501,7 @@ class StepRun:
         sample.logprobs += chunk.logprobs
         sample.versions += [chunk.weight_version] * len(chunk.token_ids)
         self.stats.tokens_by_kind[h.kind] += len(chunk.token_ids)
+        self.stats.tokens_by_worker[h.name] += len(chunk.token_ids)
         if chunk.finished:
             sample.finish_reason = chunk.finish_reason
             track.state, track.worker = State.FINISHED, None
@@ -470,6 +520,10 @@ class StepRun:
 
     def _dead(self, h: WorkerHandle, reason: str) -> None:
         self.m._declare_dead(h, reason, self.stats, time.monotonic() - self.t0, self.tracked, self.pending)
+        for ref in [ref for ref, pa in self._aborts.items() if pa.worker is h]:
+            del self._aborts[ref]  # its samples are back to pending already; its answer no longer matters
+            self._handoffs.discard(ref)
+        self._release_trainer()
 
 
 def requeue(track: Tracked, pending: deque) -> None:
