@@ -1,5 +1,7 @@
 """Config: defaults <- YAML <- dotted overrides; unknown keys and bad values are errors naming them."""
 
+import re
+
 import pytest
 
 from rlboost.config import ConfigError, RLBoostConfig, load_config
@@ -63,5 +65,21 @@ def test_shipped_configs_are_valid_and_complete():
     hints = typing.get_type_hints(RLBoostConfig)
     for name in ("model", "engine"):  # the sections `rlboost generate` and `bench` use, field by field
         assert set(data[name]) == {f.name for f in dataclasses.fields(hints[name])}
-    for run_config in ("smoke.yaml", "smollm2_arithmetic.yaml"):
-        load_config(RLBoostConfig, configs / run_config)  # no unknown keys, values of the right types
+    for run_config in ("smoke.yaml", "hybrid_smoke.yaml", "smollm2_arithmetic.yaml"):
+        load_config(RLBoostConfig, configs / run_config).rollout.validate()  # known keys, right types, valid
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout.hybrid.num_reserved=0", "rollout.hybrid.num_reserved must be >= 1"),
+    ("rollout.hybrid.preempt_with=node", "preempt_with=node needs rollout.hybrid.instances=nodes"),
+    ("rollout.hybrid.instances=vms", "rollout.hybrid.instances='vms'; choose one of processes, nodes"),
+    ("rollout.hybrid.heartbeat_timeout_s=0.5", "heartbeat_timeout_s must exceed heartbeat_interval_s"),
+    ("rollout.hybrid.seed_window_s=-1", "rollout.hybrid.seed_window_s must be >= 0"),
+    ("rollout.mode=spot", "rollout.mode='spot'; choose one of colocated, hybrid"),
+])
+def test_hybrid_settings_are_checked(override, message):
+    cfg = load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", override])
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cfg.rollout.validate()
+    with pytest.raises(ConfigError, match="unknown config key `rollout.hybrid.seed_window`. Did you mean `rollout.hybrid.seed_window_s`"):
+        load_config(RLBoostConfig, overrides=["rollout.hybrid.seed_window=1"])

@@ -17,9 +17,11 @@ class TrackingConfig:
     `pip install wandb`, checked when the config is validated)."""
 
     console_metrics: list[str] = field(default_factory=lambda: [
-        "critic/score/mean", "response_length/mean", "val/score/mean", "timing_s/step"])
+        "critic/score/mean", "response_length/mean", "val/score/mean", "spot/preemptions", "migration/samples",
+        "timing_s/step"])
     """Metric names shown next to the progress bar, in this order, with short labels
-    (`critic/score/mean` → `score`, `val/score/mean` → `val`, `timing_s/step` → `step …s`).
+    (`critic/score/mean` → `score`, `val/score/mean` → `val`, `timing_s/step` → `step …s`,
+    `migration/samples` → `migrated`). The spot/migration ones appear in hybrid mode only.
     A metric a step did not log is left out of that step's line."""
 
     report: bool = True

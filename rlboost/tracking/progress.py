@@ -20,7 +20,7 @@ from rich.text import Text
 # A trailing aggregate is dropped from a label ("critic/score/mean" -> "score"); the mean is the
 # default reading, other aggregates stay visible ("response_length/max" -> "len max").
 _AGGREGATES = {"mean", "max", "min", "std", "sum"}
-_ALIASES = {"response_length": "len", "prompt_length": "prompt", "throughput": "tok/s"}
+_ALIASES = {"response_length": "len", "prompt_length": "prompt", "throughput": "tok/s", "samples": "migrated"}
 # veRL names times in seconds under timing_s/; the label gets the unit so "step 3.2s" reads as a time.
 _SECONDS_PREFIX = "timing_s/"
 
