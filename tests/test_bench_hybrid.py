@@ -1,0 +1,23 @@
+"""`rlboost bench hybrid` end to end (slow: starts Ray; run with `make bench`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlboost.cli import main
+
+
+@pytest.mark.slow
+def test_bench_hybrid_reports_both_modes_side_by_side(tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "hybrid", "--prompts", "8", "--max-tokens", "96", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    for mode in ("colocated", "hybrid"):
+        assert {"step_time_s", "tokens_per_s", "preemptions", "migrated_samples", "wasted_tokens",
+                "in_flight_at_preemption"} <= set(result[mode])
+    hybrid = result["hybrid"]
+    assert hybrid["preemptions"] == 1 and hybrid["migrated_samples"] == hybrid["in_flight_at_preemption"] > 0
+    assert hybrid["wasted_tokens"] <= 8 * hybrid["in_flight_at_preemption"]
+    assert hybrid["identical_samples"] == 1.0  # tiny model: migration changes no sampled token
