@@ -249,6 +249,7 @@ class StepRun:
             h.last_report = max(h.last_report, self.t0)
             if h.kind == RESERVED:
                 h.accepting = True  # a new step starts with everyone generating
+
     def groups(self) -> Iterator[Group]:
         """Finished groups in completion order, released once the reserved resources are free to
         train; re-raises whatever stopped the loop. Time spent waiting after that is the trainer's idle
