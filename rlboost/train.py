@@ -27,6 +27,7 @@ from rlboost.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoi
 from rlboost.config import ConfigError, RLBoostConfig
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine import LLMEngine, SamplingParams
+from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
 from rlboost.rollout import ColocatedRollout, Group, RolloutBackend, new_groups
@@ -188,7 +189,11 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
     # The engine fuses its model's weights in place, so it gets a copy of its own.
     engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
     engine.load_weights(weights, version=version)
-    return ColocatedRollout(engine)
+    history = None
+    if cfg.rollout.histospec.enabled:
+        history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
+        engine.drafter = Drafter(history, cfg.rollout.histospec.draft_config())
+    return ColocatedRollout(engine, history)
 
 
 def check_on_policy(groups: list[Group], version: int) -> None:

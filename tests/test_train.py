@@ -98,6 +98,21 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
         assert key in m[4], key
 
 
+def test_histospec_changes_nothing_but_speed(tmp_path):
+    """The same 4 steps (8 prompts, so each comes back every 2 steps) with and without HistoSpec: the
+    same responses, rewards and losses; the speculative run reports its spec/* metrics."""
+    common = ["run.total_steps=4", "data.train_size=8", "data.max_response_length=48", "engine.spec_max_batch=16",
+              "rollout.temperature=0.7", *QUIET]
+    plain = metrics_of(train(tmp_path, *common, name="plain"))
+    spec = metrics_of(train(tmp_path, *common, "rollout.histospec.enabled=true", name="spec"))
+    for step in range(1, 5):
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm"):
+            assert spec[step][key] == pytest.approx(plain[step][key], rel=1e-4, abs=1e-6), (step, key)
+    assert spec[1]["spec/history_prompts"] == 0 and spec[4]["spec/history_prompts"] == 8
+    assert sum(spec[s]["spec/verify_steps"] for s in range(1, 5)) > 0  # it did speculate
+    assert "spec/verify_steps" not in plain[1]
+
+
 def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
     reward = tmp_path / "digits.py"
     reward.write_text(DIGITS_REWARD)

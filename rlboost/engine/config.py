@@ -38,11 +38,18 @@ class EngineConfig:
     seed: int = 0
     """Seed from which requests that give no seed of their own get one."""
 
+    spec_max_batch: int = 8
+    """Speculative decoding (with a drafter, e.g. HistoSpec) runs only on decode steps of at most this many
+    requests: small batches are memory-bound, so verifying a few draft tokens costs about one step,
+    while large ones are compute-bound and would pay for every rejected token. 0 turns it off."""
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
         if self.max_num_seqs < 1:
             raise ValueError(f"engine.max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.stream_interval < 1:
             raise ValueError(f"engine.stream_interval must be >= 1, got {self.stream_interval}")
+        if self.spec_max_batch < 0:
+            raise ValueError(f"engine.spec_max_batch must be >= 0, got {self.spec_max_batch}")
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"engine.cpu_linear must be one of {', '.join(CPU_LINEARS)}, got {self.cpu_linear!r}")

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections.abc import Iterable, Mapping, Sequence as SequenceABC
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -29,10 +32,47 @@ from rlboost.engine.config import EngineConfig
 from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
 from rlboost.engine.rng import derive_seed, uniform
-from rlboost.engine.sampler import sample
+from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
+from rlboost.histospec.budget import SpecBudget
 from rlboost.engine.sequence import Completion, PartialOutput, Sequence, SequenceStatus, StreamChunk
+
+
+class Drafter(Protocol):
+    """The speculative-decoding hook (HistoSpec's drafter is one): proposes draft tokens per request and
+    learns from how many were accepted."""
+
+    def start(self, request_id: str, prompt_ids: SequenceABC[int]) -> None: ...
+    def propose(self, request_id: str, context: SequenceABC[int]) -> list[int]: ...
+    def feedback(self, request_id: str, drafted: int, accepted: int) -> None: ...
+    def finish(self, request_id: str) -> None: ...
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters: per drafted request, verifications, draft tokens and accepted ones; per
+    verification step, its time and the time plain decoding would have taken for the same tokens."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    verify_s: float = 0.0
+    plain_equivalent_s: float = 0.0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.verifications += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+def accepted_prefix(draft: list[int], drawn: list[int]) -> int:
+    """How many draft tokens are accepted: those equal to the tokens plain sampling draws at their
+    positions (drawn[j] is conditioned on the draft before j, so the first mismatch ends the run)."""
+    accepted = 0
+    while accepted < len(draft) and drawn[accepted] == draft[accepted]:
+        accepted += 1
+    return accepted
 
 
 class InvalidRequestError(ValueError):
@@ -57,7 +97,7 @@ class LLMEngine:
     """Takes ownership of `model` (moved to the device, projections fused in place)."""
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None,
-                 eos_token_ids: Iterable[int] = (), weight_version: int = 0):
+                 eos_token_ids: Iterable[int] = (), weight_version: int = 0, drafter: Drafter | None = None):
         self.config = config = config or EngineConfig()
         config.validate()
         check_supported(model.config)
@@ -77,6 +117,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config.max_num_seqs, config.max_num_batched_tokens)
         self.weight_version = weight_version
         self.asleep = False
+        self.drafter = drafter
+        self.spec_stats = SpecStats()
+        self.spec_budget = SpecBudget(config.spec_max_batch)
         self.last_step: tuple[int, bool] = (0, False)
         """(requests in the last step, whether it was a prefill): lets a worker profile decode speed."""
         self._active: dict[str, Sequence] = {}
@@ -86,8 +129,10 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------------
 
     def add(self, request_id: str, prompt_token_ids: SequenceABC[int],
-            params: SamplingParams | None = None) -> int:
-        """Admit a request; returns its seed (given or assigned)."""
+            params: SamplingParams | None = None, prompt_len: int | None = None) -> int:
+        """Admit a request; returns its seed (given or assigned). `prompt_len`: how much of
+        `prompt_token_ids` is the original prompt when resubmitting prompt + partial tokens (the
+        drafter looks history up by the original prompt); None: all of it."""
         params = params or SamplingParams()
         where = f"request {request_id!r}"
         if self.asleep:
@@ -119,6 +164,8 @@ class LLMEngine:
         seq = Sequence(request_id, tokens, params, seed, frozenset(stops))
         self._active[request_id] = seq
         self.scheduler.add(seq)
+        if self.drafter is not None:
+            self.drafter.start(request_id, tokens[:prompt_len] if prompt_len else tokens)
         return seed
 
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
@@ -126,6 +173,8 @@ class LLMEngine:
         (ids that already finished or were never added are ignored: finishing races aborting)."""
         seqs = [self._active.pop(rid) for rid in dict.fromkeys(request_ids) if rid in self._active]
         self.scheduler.remove(seqs, self.cache)
+        for seq in seqs if self.drafter is not None else ():
+            self.drafter.finish(seq.request_id)
         out = {}
         for seq in seqs:
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
@@ -159,32 +208,113 @@ class LLMEngine:
         self.last_step = (len(batch), is_prefill)
         if not batch:
             return []
+        drafts = {} if is_prefill else self._drafts(batch)
+        width = 1 + max(map(len, drafts.values()), default=0)
+        t0 = time.perf_counter()
         try:
-            self.cache.reserve(len(self.scheduler.running), max(seq.num_tokens for seq in batch))
-            input_ids, positions, last_index = self._inputs(batch, is_prefill)
-            logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
+            self.cache.reserve(len(self.scheduler.running),
+                               min(self.max_model_len, max(seq.num_tokens for seq in batch) + width - 1))
+            if drafts:
+                emitted = self._verify(batch, drafts, width)
+            else:
+                input_ids, positions, last_index = self._inputs(batch, is_prefill)
+                logits = self.runner.forward(input_ids, positions, last_index, slot_offset=batch[0].slot)
+                uniforms = [uniform(seq.seed, seq.num_tokens) for seq in batch]
+                tokens, logprobs = sample(logits, [seq.params for seq in batch], uniforms)
+                emitted = [[pair] for pair in zip(tokens, logprobs)]
         except BaseException:
             # E.g. out of memory growing the cache. Nothing was committed for a decode batch; a prefill
             # batch goes back to waiting, so a later step never decodes from a cache it never filled.
             if is_prefill:
                 self.scheduler.unschedule_prefill(batch)
             raise
-        uniforms = [uniform(seq.seed, seq.num_tokens) for seq in batch]
-        tokens, logprobs = sample(logits, [seq.params for seq in batch], uniforms)
 
+        if not is_prefill:
+            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), bool(drafts))
         chunks, finished = [], []
-        for seq, token, logprob in zip(batch, tokens, logprobs):
-            seq.num_cached = seq.num_tokens
-            seq.append(token, logprob)
-            reason = self._finish_reason(seq, token)
+        interval = self.config.stream_interval
+        for seq, pairs in zip(batch, emitted):
+            reason = None
+            for token, logprob in pairs:
+                seq.append(token, logprob)
+                reason = self._finish_reason(seq, token)
+                if reason is not None:
+                    break  # tokens verified past a stop token or max_tokens are dropped
+            seq.num_cached = seq.num_tokens - 1  # the K/V of every token but the newest (and no rejected draft)
             if reason is not None:
                 seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
                 finished.append(seq)
                 del self._active[seq.request_id]
-            if reason is not None or len(seq.output_token_ids) - seq.num_streamed >= self.config.stream_interval:
-                chunks.append(seq.take_chunk(self.weight_version))
+                if self.drafter is not None:
+                    self.drafter.finish(seq.request_id)
+            while len(seq.output_token_ids) - seq.num_streamed >= interval or (
+                    reason is not None and seq.num_streamed < len(seq.output_token_ids)):
+                chunks.append(seq.take_chunk(self.weight_version, interval))
         self.scheduler.remove(finished, self.cache)
         return chunks
+
+    # ---- speculative decoding (HistoSpec) ----------------------------------------------------------
+
+    def _drafts(self, batch: list[Sequence]) -> dict[str, list[int]]:
+        """Draft tokens per request, when speculation should pay: a small (memory-bound) batch. A draft
+        leaves room for the bonus token within max_tokens and the context."""
+        if self.drafter is None or not self.spec_budget.speculate(len(batch)):
+            return {}
+        drafts = {}
+        for seq in batch:
+            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens) - 1
+            if room > 0:
+                draft = self.drafter.propose(seq.request_id, seq.prompt_token_ids + seq.output_token_ids)[:room]
+                if draft:
+                    drafts[seq.request_id] = [int(t) for t in draft]
+        return drafts
+
+    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
+        self.spec_budget.observe(batch, seconds, tokens, speculative)
+        plain_step = self.spec_budget.plain_step_s(batch)
+        if speculative and plain_step is not None:  # plain decoding emits `batch` tokens per step
+            self.spec_stats.verify_s += seconds
+            self.spec_stats.plain_equivalent_s += plain_step * tokens / batch
+
+    def _verify(self, batch: list[Sequence], drafts: dict[str, list[int]], width: int) -> list[list[tuple[int, float]]]:
+        """One forward over each request's last token plus its draft; returns the tokens to emit.
+
+        Lossless by coupling: the token at position t is drawn exactly as without speculation (inverse
+        CDF of the target distribution with the uniform of (seed, t)), and the draft token is accepted
+        iff it equals that draw. Acceptance then happens with probability p(draft), a rejection yields
+        p conditioned on "not the draft", and all-accepted yields a bonus token: the lossless rule, with
+        output identical to plain decoding given identical logits (so abort/resume stays exact).
+        """
+        rows = [[seq.last_token_id] + drafts.get(seq.request_id, []) for seq in batch]
+        input_ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+        start = torch.tensor([seq.num_cached for seq in batch])
+        # padding columns write K/V past a row's end (masked now, overwritten later); keep them in range
+        positions = (start[:, None] + torch.arange(width)[None, :]).clamp(max=self.max_model_len - 1)
+        logits = self.runner.forward(input_ids.to(self.device), positions.to(self.device), None,
+                                     slot_offset=batch[0].slot)
+        index = [(b, j) for b, row in enumerate(rows) for j in range(len(row))]
+        flat = logits[torch.tensor([b for b, _ in index]), torch.tensor([j for _, j in index])]
+        params = [batch[b].params for b, _ in index]
+        uniforms = [uniform(batch[b].seed, batch[b].num_tokens + j) for b, j in index]
+        tokens, logprobs = sample(flat, params, uniforms)
+        # what each position's draft token would score, for the accepted ones (rows: every position
+        # but a row's last, which only ever yields the correction or the bonus token)
+        proposed = [rows[b][j + 1] if j + 1 < len(rows[b]) else 0 for b, j in index]
+        proposed_logprobs = logprobs_of(flat, params, proposed)
+        by_row: list[list[tuple[int, float, int, float]]] = [[] for _ in batch]
+        for (b, _), token, logprob, d, d_logprob in zip(index, tokens, logprobs, proposed, proposed_logprobs):
+            by_row[b].append((token, logprob, d, d_logprob))
+        emitted = []
+        for seq, row, drawn in zip(batch, rows, by_row):
+            draft = row[1:]
+            accepted = accepted_prefix(draft, [token for token, *_ in drawn])
+            # the accepted draft tokens, then the draw at the first rejection (or the bonus token)
+            emitted.append([(d, d_logprob) for _, _, d, d_logprob in drawn[:accepted]]
+                           + [drawn[accepted][:2]])
+            if draft:
+                self.drafter.feedback(seq.request_id, len(draft), accepted)
+                self.spec_stats.record(len(draft), accepted)
+        return emitted
 
     def _inputs(self, batch: list[Sequence], is_prefill: bool):
         if is_prefill:

@@ -103,9 +103,10 @@ class ModelRunner:
         self._apply_rope = _rope_fn(model)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, last_index: torch.Tensor,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, last_index: torch.Tensor | None,
                 slot_offset: int) -> torch.Tensor:
-        """Logits of each sequence's last valid token.
+        """Logits of each sequence's last valid token ([B, V]), or of every position ([B, T, V]) when
+        last_index is None.
 
         input_ids, positions: [B, T] (right-padded for prefill; T = 1 for decode). Sequence b sits in
         cache slot slot_offset + b and already has positions[b, 0] tokens cached. last_index: [B],
@@ -148,6 +149,8 @@ class ModelRunner:
             x = layer.post_norm(hidden)
             gate, up = linear(x, layer.gate_up_weight, layer.gate_up_bias).chunk(2, dim=-1)
             hidden = hidden + linear(layer.act(gate) * up, layer.down_weight, layer.down_bias)
+        if last_index is None:  # speculative verification: every position's next-token logits
+            return linear(self.norm(hidden), self.lm_head.weight, self.lm_head.bias)
         rows = torch.arange(batch, device=input_ids.device)
         last = self.norm(hidden[rows, last_index])
         return linear(last, self.lm_head.weight, self.lm_head.bias)

@@ -84,15 +84,17 @@ class Sequence:
         self.output_token_ids.append(token_id)
         self.output_logprobs.append(logprob)
 
-    def take_chunk(self, weight_version: int) -> StreamChunk:
+    def take_chunk(self, weight_version: int, limit: int) -> StreamChunk:
+        """The next at most `limit` unstreamed tokens; `finished` only on the chunk that ends the response."""
         start = self.num_streamed
-        self.num_streamed = len(self.output_token_ids)
+        self.num_streamed = min(len(self.output_token_ids), start + limit)
+        done = self.status is SequenceStatus.FINISHED and self.num_streamed == len(self.output_token_ids)
         return StreamChunk(
             request_id=self.request_id,
-            token_ids=self.output_token_ids[start:],
-            logprobs=self.output_logprobs[start:],
+            token_ids=self.output_token_ids[start:self.num_streamed],
+            logprobs=self.output_logprobs[start:self.num_streamed],
             offset=start,
-            finished=self.status is SequenceStatus.FINISHED,
-            finish_reason=self.finish_reason,
+            finished=done,
+            finish_reason=self.finish_reason if done else None,
             weight_version=weight_version,
         )

@@ -12,6 +12,8 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from rlboost.engine import LLMEngine, SamplingParams
+from rlboost.engine.engine import SpecStats
+from rlboost.histospec import HistoryStore
 from rlboost.engine.rng import derive_seed
 from rlboost.rollout.sample import Group, Sample
 
@@ -77,10 +79,12 @@ class RolloutBackend(Protocol):
 
 class ColocatedRollout:
     """Rollout backend of `rollout.mode=colocated`: the reserved engine generates the whole step, then
-    sleeps so the same device can train (the veRL baseline)."""
+    sleeps so the same device can train (the veRL baseline). With a history store (HistoSpec), each
+    training step's responses become the drafting history of their prompts from the next step on."""
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, engine: LLMEngine, history: HistoryStore | None = None):
+        self.engine, self.history = engine, history
+        self._to_remember: list[Group] = []
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """Every group of the step, in completion order; all generated before the first is handed out."""
@@ -89,13 +93,29 @@ class ColocatedRollout:
         self.engine.wake()
         done = list(run_colocated(self.engine, groups, params))
         self.engine.sleep()
+        if training:
+            self._to_remember = done
         return iter(done)
 
     def publish(self, weights, version: int) -> None:
         self.engine.load_weights(weights, version)
+        if self.history is not None:  # between steps: off the rollout's critical path
+            for group in self._to_remember:
+                self.history.update(group.samples[0].prompt_ids, [s.response_ids for s in group.samples])
+            self.engine.drafter.invalidate()
+        self._to_remember = []
 
     def step_metrics(self) -> dict[str, float]:
-        return {}
+        stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
+        if self.history is None:
+            return {}
+        metrics = {"spec/verify_steps": float(stats.verifications),
+                   "spec/acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
+                   "spec/accepted_tokens_per_step": stats.accepted / stats.verifications if stats.verifications else 0.0,
+                   "spec/history_prompts": float(len(self.history))}
+        if stats.verify_s > 0:
+            metrics["spec/speedup"] = stats.plain_equivalent_s / stats.verify_s
+        return metrics
 
     def close(self) -> None:
         pass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid.config import HybridConfig
 
 ROLLOUT_MODES = ("colocated", "hybrid")
@@ -29,6 +30,8 @@ class RolloutConfig:
     """Evaluation temperature (0: greedy, veRL's default for validation)."""
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     """Workers, seeding window, balancing and liveness of `mode=hybrid` (ignored when colocated)."""
+    histospec: HistoSpecConfig = field(default_factory=HistoSpecConfig)
+    """Speculative decoding from the history of earlier rollouts (colocated mode for now)."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -43,3 +46,7 @@ class RolloutConfig:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         self.hybrid.validate()
+        self.histospec.validate()
+        if self.histospec.enabled and self.mode != "colocated":
+            raise ValueError("rollout.histospec.enabled needs rollout.mode=colocated for now (hybrid workers do not "
+                             "receive the history yet)")

@@ -1,0 +1,160 @@
+"""Draft tokens for running requests from the history of their prompt (HistoSpec, DESIGN.md 2.8).
+
+Contract:
+- `SuffixIndex` maps every k-gram (min_order <= k <= max_order) of a prompt's history to counts of
+  the token that follows it. A lookup uses the longest suffix of the context that occurs, backing off
+  down to min_order; shorter contexts find nothing.
+- `SuffixIndex.draft` walks greedily: the most frequent next token (ties: smallest id), appended to
+  the context, until nothing matches, its empirical probability drops below min_probability, or
+  max_len tokens are drafted. Pure and deterministic.
+- `Drafter` keeps one index per prompt (shared by the requests of a group) and one draft length per
+  request: all accepted -> +1 (up to max_draft); a rejection -> max(min_draft, min(length - 1,
+  accepted + 1)). Requests whose prompt has no history, and unknown requests, get no drafts.
+- After the store is updated, `invalidate()` makes every request (running ones included) draft from
+  the new history.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rlboost.histospec.history import HistoryStore, prompt_key
+
+
+@dataclass
+class DraftConfig:
+    max_order: int = 7  # longest suffix matched
+    min_order: int = 3  # back-off floor: shorter matches are too ambiguous to pay for a draft
+    min_probability: float = 0.1  # stop once the best continuation is this unlikely
+    min_draft: int = 1
+    max_draft: int = 8
+    initial_draft: int = 4
+
+    def validate(self) -> None:
+        if self.min_order < 1:
+            raise ValueError("min_order must be >= 1")
+        if self.max_order < self.min_order:
+            raise ValueError("max_order must be >= min_order")
+        if not 0 < self.min_probability <= 1:
+            raise ValueError("min_probability must be in (0, 1]")
+        if self.min_draft < 1:
+            raise ValueError("min_draft must be >= 1")
+        if not self.min_draft <= self.initial_draft <= self.max_draft:
+            raise ValueError("initial_draft must be within [min_draft, max_draft]")
+
+
+class SuffixIndex:
+    """n-gram index over one prompt's history responses (k-gram -> Counter of the next token)."""
+
+    def __init__(self, responses: Sequence[Sequence[int]], min_order: int, max_order: int,
+                 *, prefix: Sequence[int] = ()):
+        # `prefix` (the prompt's tail) precedes every response as context only: it lets the first
+        # response tokens be drafted without ever predicting prompt tokens.
+        if not 1 <= min_order <= max_order:
+            raise ValueError("need 1 <= min_order <= max_order")
+        self.min_order, self.max_order = min_order, max_order
+        self._next: dict[tuple[int, ...], Counter[int]] = {}
+        tail = list(prefix)[-max_order:]
+        for response in responses:
+            seq = tail + list(response)
+            for i in range(len(tail), len(seq)):
+                for k in range(min_order, min(max_order, i) + 1):
+                    self._next.setdefault(tuple(seq[i - k:i]), Counter())[seq[i]] += 1
+
+    def next_tokens(self, context: Sequence[int]) -> tuple[Counter[int], int] | None:
+        """Counts of the token after the longest occurring suffix of `context`, and its order."""
+        found = self._lookup(context)
+        return (Counter(found[0]), found[1]) if found else None
+
+    def draft(self, context: Sequence[int], max_len: int, min_probability: float) -> list[int]:
+        ctx = list(context[-self.max_order:])
+        out: list[int] = []
+        while len(out) < max_len:
+            found = self._lookup(ctx)
+            if found is None:
+                break
+            counts = found[0]
+            token = min(counts, key=lambda t: (-counts[t], t))
+            if counts[token] / sum(counts.values()) < min_probability:
+                break
+            out.append(token)
+            ctx = (ctx + [token])[-self.max_order:]
+        return out
+
+    def _lookup(self, context: Sequence[int]) -> tuple[Counter[int], int] | None:
+        for k in range(min(self.max_order, len(context)), self.min_order - 1, -1):
+            counts = self._next.get(tuple(context[len(context) - k:]))
+            if counts is not None:
+                return counts, k
+        return None
+
+
+@dataclass
+class _Request:
+    prompt: tuple[int, ...]
+    index: SuffixIndex | None
+    generation: int
+    length: int
+
+
+class Drafter:
+    """Drafts for running requests from their prompt's history, with a per-request draft length."""
+
+    def __init__(self, store: HistoryStore, config: DraftConfig | None = None):
+        self.store = store
+        self.config = config or DraftConfig()
+        self.config.validate()
+        # key -> (prompt ids, index); the ids guard against a key collision between prompts.
+        self._indexes: dict[str, tuple[tuple[int, ...], SuffixIndex | None]] = {}
+        self._generation = 0
+        self._requests: dict[str, _Request] = {}
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        prompt = tuple(prompt_ids)
+        self._requests[request_id] = _Request(prompt, self._index_for(prompt), self._generation,
+                                              self.config.initial_draft)
+
+    def propose(self, request_id: str, context: Sequence[int]) -> list[int]:
+        req = self._requests.get(request_id)
+        if req is None:
+            return []
+        if req.generation != self._generation:
+            req.index, req.generation = self._index_for(req.prompt), self._generation
+        if req.index is None:
+            return []
+        return req.index.draft(context, req.length, self.config.min_probability)
+
+    def feedback(self, request_id: str, drafted: int, accepted: int) -> None:
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+        req = self._requests.get(request_id)
+        if req is None or drafted == 0:
+            return
+        cfg = self.config
+        if accepted == drafted:
+            req.length = min(cfg.max_draft, req.length + 1)
+        else:
+            req.length = max(cfg.min_draft, min(req.length - 1, accepted + 1))
+
+    def finish(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)
+
+    def draft_length(self, request_id: str) -> int:
+        return self._requests[request_id].length
+
+    def invalidate(self) -> None:
+        self._indexes.clear()
+        self._generation += 1
+
+    def _index_for(self, prompt: tuple[int, ...]) -> SuffixIndex | None:
+        key = prompt_key(prompt)
+        cached = self._indexes.get(key)
+        if cached is not None and cached[0] == prompt:
+            return cached[1]
+        responses = self.store.responses(prompt)
+        index = (SuffixIndex(responses, self.config.min_order, self.config.max_order, prefix=prompt)
+                 if responses else None)
+        self._indexes[key] = (prompt, index)
+        return index

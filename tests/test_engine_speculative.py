@@ -1,0 +1,157 @@
+"""Speculative decoding in the engine (the HistoSpec hook): lossless and exact. Drafters here are test
+doubles that propose a known continuation, deliberately wrong tokens, or a mix, so every path
+(full acceptance, partial acceptance with KV rollback, rejection, bonus token) is exercised."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import rlboost.engine.engine as engine_module
+from conftest import make_engine, random_prompts
+from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.models import tiny_model
+
+
+class ScriptedDrafter:
+    """Drafts the reference continuation of each request, wrong at every `wrong_every`-th draft token
+    (0: never wrong), `length` tokens at a time."""
+
+    def __init__(self, continuations: dict[tuple, list[int]], length: int = 4, wrong_every: int = 0, vocab=256):
+        self.continuations, self.length, self.wrong_every, self.vocab = continuations, length, wrong_every, vocab
+        self.prompts: dict[str, tuple] = {}
+        self.feedbacks: list[tuple[int, int]] = []
+
+    def start(self, request_id, prompt_ids):
+        self.prompts[request_id] = tuple(prompt_ids)
+
+    def propose(self, request_id, context):
+        prompt = self.prompts[request_id]
+        full = list(prompt) + self.continuations.get(prompt, [])
+        draft = full[len(context):len(context) + self.length]
+        if self.wrong_every:
+            draft = [(t + 1) % self.vocab if (len(context) + i) % self.wrong_every == 0 else t
+                     for i, t in enumerate(draft)]
+        return draft
+
+    def feedback(self, request_id, drafted, accepted):
+        self.feedbacks.append((drafted, accepted))
+
+    def finish(self, request_id):
+        self.prompts.pop(request_id, None)
+
+
+def generate(engine: LLMEngine, prompts, params):
+    return engine.generate(prompts, [dataclasses.replace(params, seed=100 + i) for i in range(len(prompts))])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("wrong_every", [0, 3, 1])
+def test_speculation_changes_no_token(family, temperature, wrong_every):
+    prompts = random_prompts([5, 9, 3, 12], seed=1)
+    params = SamplingParams(temperature=temperature, max_tokens=40, ignore_eos=True)
+    plain = generate(make_engine(family), prompts, params)
+    drafter = ScriptedDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, wrong_every=wrong_every)
+    spec_engine = make_engine(family, spec_max_batch=8)
+    spec_engine.drafter = drafter
+    spec = generate(spec_engine, prompts, params)
+    for a, b in zip(plain, spec):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4  # the target model's log-probs
+        assert b.finish_reason == "length" and len(b.token_ids) == 40
+    drafted, accepted = (sum(f[i] for f in drafter.feedbacks) for i in (0, 1))
+    if wrong_every == 0:
+        assert accepted == drafted > 0  # every draft accepted: up to 5 tokens per verification step
+    elif wrong_every == 1:
+        assert accepted == 0 and drafted > 0  # every draft rejected: one token per step, still exact
+    else:
+        assert 0 < accepted < drafted  # partial runs: the rejected tail's K/V is rolled back
+
+
+def test_stop_tokens_and_max_tokens_inside_an_accepted_run():
+    prompts = random_prompts([6], seed=2)
+    plain = make_engine("qwen2").generate(prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0]
+    stop = plain.token_ids[9]
+    drafter = ScriptedDrafter({tuple(prompts[0]): plain.token_ids}, length=8)
+    engine = make_engine("qwen2")
+    engine.drafter = drafter
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=30, stop_token_ids=(stop,)))[0]
+    first = plain.token_ids.index(stop)
+    assert out.token_ids == plain.token_ids[:first + 1] and out.finish_reason == "stop"
+    out = engine.generate(prompts, SamplingParams(temperature=0, max_tokens=13, ignore_eos=True))[0]
+    assert out.token_ids == plain.token_ids[:13] and out.finish_reason == "length"
+
+
+def test_chunks_stay_within_stream_interval_with_multi_token_steps():
+    prompts = random_prompts([4, 7], seed=3)
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    plain = make_engine("llama").generate(prompts, params)
+    engine = make_engine("llama", stream_interval=3)
+    engine.drafter = ScriptedDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, length=8)
+    for i, p in enumerate(prompts):
+        engine.add(f"r{i}", p, params)
+    got = {"r0": [], "r1": []}
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            assert 1 <= len(chunk.token_ids) <= 3 and chunk.offset == len(got[chunk.request_id])
+            got[chunk.request_id] += chunk.token_ids
+    assert [got["r0"], got["r1"]] == [c.token_ids for c in plain]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_abort_and_resume_stay_exact_with_speculation(temperature):
+    prompt = random_prompts([8], seed=4)[0]
+    params = SamplingParams(temperature=temperature, max_tokens=48, ignore_eos=True, seed=7)
+    plain = make_engine("qwen3").generate([prompt], params)[0]
+    drafter = ScriptedDrafter({tuple(prompt): plain.token_ids}, length=5, wrong_every=4)
+    engine = make_engine("qwen3")
+    engine.drafter = drafter
+    engine.add("a", prompt, params)
+    for _ in range(6):
+        engine.step()
+    partial = engine.abort(["a"])["a"]
+    assert 0 < len(partial.token_ids) < 48
+    rest = dataclasses.replace(params, max_tokens=48 - len(partial.token_ids))
+    engine.add("b", prompt + partial.token_ids, rest, prompt_len=len(prompt))  # drafts keyed by the original prompt
+    resumed = list(partial.token_ids)
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            resumed += chunk.token_ids
+    assert resumed == plain.token_ids
+    assert any(a for _, a in drafter.feedbacks)  # the resumed request was drafted from its prompt's history
+
+
+def _marginal_of_second_token(model, prompt: list[int], vocab: int) -> torch.Tensor:
+    """Exact P(second generated token) = sum_x1 p(x1 | prompt) p(x2 | prompt, x1), at temperature 1."""
+    with torch.no_grad():
+        first = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1)
+        both = torch.tensor([prompt + [x] for x in range(vocab)])
+        second = torch.softmax(model(both).logits[:, -1].double(), -1)
+    return first @ second
+
+
+@pytest.mark.parametrize("rule", ["ours", "accept_every_draft"])
+def test_sampled_output_is_distributed_as_without_speculation(monkeypatch, rule):
+    """A chi-square test of the second token's marginal against the exact one, over 3000 samples whose
+    draft always proposes the same token. A wrong acceptance rule must fail it (and does)."""
+    vocab, n = 16, 3000
+    model = tiny_model("qwen2", seed=3, vocab_size=vocab)
+    expected = _marginal_of_second_token(model, [1, 2, 3], vocab) * n
+    if rule == "accept_every_draft":
+        monkeypatch.setattr(engine_module, "accepted_prefix", lambda draft, drawn: len(draft))
+    drafted = int(torch.argsort(expected)[vocab // 2])  # a middling-probability token
+    engine = LLMEngine(tiny_model("qwen2", seed=3, vocab_size=vocab),
+                       EngineConfig(device="cpu", max_num_seqs=500, spec_max_batch=500))
+    engine.drafter = ScriptedDrafter({}, length=1)
+    engine.drafter.propose = lambda request_id, context: [drafted]
+    outs = engine.generate([[1, 2, 3]] * n, [SamplingParams(temperature=1.0, max_tokens=3, seed=s) for s in range(n)])
+    counts = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=vocab).double()
+    keep = expected >= 5  # chi-square needs expected counts of at least ~5 per cell
+    chi2 = float((((counts - expected) ** 2 / expected)[keep]).sum())
+    critical = {10: 29.6, 11: 31.3, 12: 32.9, 13: 34.5, 14: 36.1, 15: 37.7}[int(keep.sum()) - 1]  # p = 0.001
+    if rule == "ours":
+        assert chi2 < critical, (chi2, counts.tolist(), expected.tolist())
+    else:
+        assert chi2 > 10 * critical
