@@ -2,6 +2,7 @@
 
     rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
     rlboost bench hybrid [--json PATH] [--preemptible N] [--kills K] [--max-tokens T] ...
+    rlboost bench spec [--json PATH] [--model M] [--batches 1,8,32] [--temperatures 1.0,0.6] ...
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost train [CONFIG.yaml] [key=value ...]
 """
@@ -43,6 +44,22 @@ def _bench_hybrid(args: argparse.Namespace) -> int:
                             stream_interval=args.stream_interval, seed=args.seed)
     with console.status("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs..."):
         result = bench_hybrid(cfg)
+    console.print(render(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2))
+        console.print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_spec(args: argparse.Namespace) -> int:
+    from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
+
+    cfg = SpecBenchConfig(model=args.model, prompts=args.prompts, max_tokens=args.max_tokens,
+                          batches=[int(b) for b in args.batches.split(",")],
+                          temperatures=[float(t) for t in args.temperatures.split(",")],
+                          history_samples=args.history_samples, train_steps=args.train_steps, seed=args.seed)
+    with console.status("benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO steps..."):
+        result = bench_spec(cfg)
     console.print(render(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
@@ -126,6 +143,21 @@ def build_parser() -> argparse.ArgumentParser:
         hybrid.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
     hybrid.add_argument("--json", help="write the results to this JSON file")
     hybrid.set_defaults(func=_bench_hybrid)
+
+    from rlboost.bench.spec import SpecBenchConfig
+
+    sdefaults = SpecBenchConfig()
+    spec = bench.add_parser("spec", help="HistoSpec vs plain decoding on repeated prompts, before and after GRPO steps")
+    spec.add_argument("--model", default=sdefaults.model)
+    spec.add_argument("--prompts", type=int, default=sdefaults.prompts)
+    spec.add_argument("--max-tokens", type=int, default=sdefaults.max_tokens)
+    spec.add_argument("--batches", default=",".join(map(str, sdefaults.batches)), help="comma-separated batch sizes")
+    spec.add_argument("--temperatures", default=",".join(map(str, sdefaults.temperatures)))
+    spec.add_argument("--history-samples", type=int, default=sdefaults.history_samples)
+    spec.add_argument("--train-steps", type=int, default=sdefaults.train_steps)
+    spec.add_argument("--seed", type=int, default=sdefaults.seed)
+    spec.add_argument("--json", help="write the results to this JSON file")
+    spec.set_defaults(func=_bench_spec)
 
     gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
     gen.add_argument("config", nargs="?", help="YAML config (optional)")

@@ -57,6 +57,8 @@ class SpecStats:
     verifications: int = 0
     drafted: int = 0
     accepted: int = 0
+    decode_steps: int = 0
+    verify_steps: int = 0
     verify_s: float = 0.0
     plain_equivalent_s: float = 0.0
 
@@ -271,6 +273,8 @@ class LLMEngine:
 
     def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
         self.spec_budget.observe(batch, seconds, tokens, speculative)
+        self.spec_stats.decode_steps += 1
+        self.spec_stats.verify_steps += speculative
         plain_step = self.spec_budget.plain_step_s(batch)
         if speculative and plain_step is not None:  # plain decoding emits `batch` tokens per step
             self.spec_stats.verify_s += seconds

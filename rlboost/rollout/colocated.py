@@ -109,7 +109,8 @@ class ColocatedRollout:
         stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
         if self.history is None:
             return {}
-        metrics = {"spec/verify_steps": float(stats.verifications),
+        metrics = {"spec/verify_steps": float(stats.verify_steps),
+                   "spec/step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
                    "spec/acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
                    "spec/accepted_tokens_per_step": stats.accepted / stats.verifications if stats.verifications else 0.0,
                    "spec/history_prompts": float(len(self.history))}
