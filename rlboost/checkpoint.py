@@ -3,7 +3,8 @@
 `<run>/checkpoints/global_step_N/` holds
 - `hf/`: the policy as an HF checkpoint folder (safetensors + config + tokenizer), loadable with
   `model.path=<that folder>` or transformers directly;
-- `trainer.pt`: optimizer and LR-scheduler state, and the torch / numpy / Python RNG states;
+- `trainer.pt`: optimizer and LR-scheduler state, the torch / numpy / Python RNG states, and the
+  rollout backend's state (HistoSpec's history);
 - `state.json`: the global step, the data loader's position, and anything else the loop keeps.
 A checkpoint is written to a temporary folder and renamed into place, so a run killed while saving
 leaves either the whole checkpoint or none of it.
@@ -31,7 +32,10 @@ def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state: dict) -> Path:
+def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state: dict,
+                    rollout_state: dict | None = None) -> Path:
+    """`state` goes to state.json (small, readable); `rollout_state` (e.g. HistoSpec's history, which
+    can be large) is pickled into trainer.pt."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"global_step_{step}"
@@ -42,7 +46,7 @@ def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state
             tokenizer.save_pretrained(tmp / "hf")
         torch.save({"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
                     "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                            "python": random.getstate()}}, tmp / "trainer.pt")
+                            "python": random.getstate()}, "rollout": rollout_state or {}}, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps({"global_step": step, **state}, indent=2) + "\n")
         if final.exists():  # a re-run of the same step after a resume: replace it
             shutil.rmtree(final)
@@ -62,7 +66,8 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_checkpoint(path: Path, trainer: Trainer) -> dict:
-    """Restore the trainer and the RNGs from `path`; returns its state.json (step, data position...)."""
+    """Restore the trainer and the RNGs from `path`; returns its state.json (step, data position...)
+    with the rollout backend's state under `rollout`."""
     path = Path(path)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint folder (no state.json)")
@@ -79,7 +84,7 @@ def load_checkpoint(path: Path, trainer: Trainer) -> dict:
     torch.set_rng_state(extra["rng"]["torch"])
     np.random.set_state(extra["rng"]["numpy"])
     random.setstate(extra["rng"]["python"])
-    return json.loads((path / "state.json").read_text())
+    return json.loads((path / "state.json").read_text()) | {"rollout": extra.get("rollout", {})}
 
 
 def _is_tied(model, key: str) -> bool:

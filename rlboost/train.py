@@ -140,7 +140,8 @@ class Run:
         return metrics
 
     def save(self, step: int) -> None:
-        save_checkpoint(self.dir, step, self.trainer, self.tokenizer, {"data": self.loader.state_dict()})
+        save_checkpoint(self.dir, step, self.trainer, self.tokenizer, {"data": self.loader.state_dict()},
+                        rollout_state=self.rollout.state_dict())
 
     def sampling(self, temperature: float) -> SamplingParams:
         r = self.cfg.rollout
@@ -169,10 +170,12 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
     loader = PromptLoader(train_set.rows, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
 
     run_dir = run_folder(cfg.run, config_path)
-    start_step = resume(cfg, run_dir, trainer, loader)
+    restored = resume(cfg, run_dir, trainer, loader)
+    start_step = int(restored.get("global_step", 0))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     rollout = make_rollout(cfg, policy.eos_token_ids, trainer.weights(), start_step)
+    rollout.load_state_dict(restored.get("rollout", {}))
     return Run(cfg, run_dir, rollout, trainer, loader, scorer, policy.tokenizer, train_set, val_set, start_step,
                version=start_step)
 
@@ -251,20 +254,21 @@ def optimizer_steps_per_step(cfg: RLBoostConfig) -> int:
     return -(-cfg.data.train_batch_size // mini)
 
 
-def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer, loader: PromptLoader) -> int:
-    """Restore from a checkpoint as `run.resume` says; returns the last completed step (0 if fresh).
-    The tracker then drops metrics logged after that step: those steps run again."""
+def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer, loader: PromptLoader) -> dict:
+    """Restore from a checkpoint as `run.resume` says; returns its state (`global_step`: the last
+    completed step; `rollout`: the rollout backend's state), or {} when starting fresh. The tracker
+    then drops metrics logged after that step: those steps run again."""
     if cfg.run.resume == "disable":
         if latest_checkpoint(run_dir) is not None:
             raise ConfigError(f"{run_dir} already holds checkpoints and run.resume=disable; choose another "
                               "run.output_dir or resume with run.resume=auto")
-        return 0
+        return {}
     path = latest_checkpoint(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
     if path is None:
-        return 0
+        return {}
     state = load_checkpoint(path, trainer)
     loader.load_state_dict(state["data"])
-    return int(state["global_step"])
+    return state
 
 
 def validate(cfg: RLBoostConfig) -> None:

@@ -112,6 +112,12 @@ def test_histospec_changes_nothing_but_speed(tmp_path):
     assert sum(spec[s]["spec/verify_steps"] for s in range(1, 5)) > 0  # it did speculate
     assert "spec/verify_steps" not in plain[1]
 
+    # the history is checkpointed: a run resumed after step 2 drafts from it at once
+    train(tmp_path, *common, "rollout.histospec.enabled=true", "run.total_steps=2", "run.save_freq=2", name="resumed")
+    m = metrics_of(train(tmp_path, *common, "rollout.histospec.enabled=true", name="resumed"))
+    assert m[3]["spec/history_prompts"] == spec[3]["spec/history_prompts"] == 8
+    assert m[3]["critic/score/mean"] == pytest.approx(spec[3]["critic/score/mean"], rel=1e-4)
+
 
 def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
     reward = tmp_path / "digits.py"

@@ -73,6 +73,12 @@ class HybridRollout:
             if stats.last_finish else 0.0,
         }
 
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
     def close(self) -> None:
         self.preempter.stop()
         if self.run is not None:

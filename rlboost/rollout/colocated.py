@@ -73,6 +73,12 @@ class RolloutBackend(Protocol):
     def step_metrics(self) -> dict[str, float]:
         """Backend-specific metrics of the last `generate` (e.g. spot/*, migration/*)."""
 
+    def state_dict(self) -> dict:
+        """What a checkpoint must keep for the run to resume exactly (e.g. HistoSpec's history)."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore `state_dict()`'s output; {} (a fresh start or an older checkpoint) changes nothing."""
+
     def close(self) -> None:
         """Release workers and processes."""
 
@@ -117,6 +123,14 @@ class ColocatedRollout:
         if stats.verify_s > 0:
             metrics["spec/speedup"] = stats.plain_equivalent_s / stats.verify_s
         return metrics
+
+    def state_dict(self) -> dict:
+        return {"history": self.history.state_dict()} if self.history is not None else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.history is not None and "history" in state:
+            self.history.load_state_dict(state["history"])
+            self.engine.drafter.invalidate()
 
     def close(self) -> None:
         pass
