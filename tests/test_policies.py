@@ -161,3 +161,30 @@ def test_balancer_is_idempotent_and_does_not_mutate(loads):
     settled = apply(loads, moves)
     assert balancer.rebalance(settled, {}) == []
     assert sum(w.running + w.pending for w in settled) == sum(w.running + w.pending for w in loads)
+
+
+# --- SpecBudget -------------------------------------------------------------------------------------
+
+from rlboost.policies import SpecBudget  # noqa: E402
+
+
+def test_spec_budget_measures_plain_then_speculation_then_keeps_the_cheaper():
+    budget = SpecBudget(max_batch=8, probe_every=4)
+    assert not budget.speculate(9) and not budget.speculate(0)  # beyond the batch limit: never
+    assert not budget.speculate(2)  # no plain baseline at this batch size yet
+    budget.observe(2, seconds=0.10, tokens=2, speculative=False)  # 50 ms per token plain
+    assert budget.speculate(2)  # speculation not measured yet: try it
+    budget.observe(2, seconds=0.12, tokens=6, speculative=True)  # 20 ms per token speculating
+    assert budget.speculate(2)  # cheaper: keep speculating
+    assert not budget.speculate(2)  # every probe_every-th eligible step runs plain (count 4)
+    assert budget.plain_step_s(2) == pytest.approx(0.10) and budget.plain_step_s(3) is None
+
+
+def test_spec_budget_stops_where_speculation_is_slower_and_retries_later():
+    budget = SpecBudget(max_batch=8, probe_every=4, smoothing=1.0)
+    budget.speculate(4)
+    budget.observe(4, seconds=0.1, tokens=4, speculative=False)  # 25 ms per token
+    assert budget.speculate(4)
+    budget.observe(4, seconds=0.2, tokens=5, speculative=True)  # 40 ms per token: a loss
+    decisions = [budget.speculate(4) for _ in range(20)]  # eligible steps 3..22
+    assert decisions.count(True) == 1 and decisions[17 - 3]  # only the retry at step 17 (= 1 mod 16)

@@ -11,6 +11,9 @@ Contract (DESIGN.md 2.1):
   Resubmitting prompt + partial tokens with max_tokens reduced by their count and the same seed
   continues exactly as if never interrupted: greedy always; sampled given identical logits (the
   draw of the token at absolute position t depends only on (seed, t)).
+- Speculative decoding (DESIGN 2.8): with a `drafter` (HistoSpec's), small decode batches verify
+  draft tokens in one forward pass. The token emitted at each position is exactly the one plain
+  decoding draws there (given the same logits), so speculation changes speed, never output.
 - `load_weights(state_dict, version)` copies weights in place; `sleep()` frees the KV cache and
   `wake()` allows it back. All three need an engine with no unfinished request, so every token of a
   request comes from one weight version.
@@ -35,8 +38,8 @@ from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
-from rlboost.histospec.budget import SpecBudget
 from rlboost.engine.sequence import Completion, PartialOutput, Sequence, SequenceStatus, StreamChunk
+from rlboost.policies.spec_budget import SpecBudget
 
 
 class Drafter(Protocol):
