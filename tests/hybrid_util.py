@@ -47,7 +47,9 @@ def reference() -> dict[str, tuple[list[int], list[float]]]:
 
 def start_fleet(tmp: Path, num_preemptible: int, **cfg) -> tuple[Fleet, object]:
     hybrid = HybridConfig(num_preemptible=num_preemptible, ledger_dir=str(tmp / "ledgers"), **cfg)
-    fleet = Fleet(hybrid, WorkerSpec(MODEL, ENGINE, eos_token_ids=[]), RolloutManager(hybrid))
+    # frequent heartbeats leave a wide margin under the short timeouts some tests set
+    spec = WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25)
+    fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
     weights = ray.put(dict(load_model(MODEL).model.state_dict()))
     fleet.start(RESERVED, 1, weights, version=0)
     fleet.start(PREEMPTIBLE, num_preemptible, weights, version=0)
