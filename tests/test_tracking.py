@@ -133,6 +133,18 @@ def test_report_skips_plots_of_metrics_never_logged(tmp_path):
     assert "reward.png" not in text and "total wall time" in text
 
 
+def test_report_plots_preemptible_instances_of_hybrid_runs(tmp_path):
+    lines = [{"step": s, "spot/instances": 2.0 - (s == 3), "spot/preemptions": float(s in (2, 3)),
+              "migration/samples": 5.0 * s, "timing_s/step": 1.0} for s in range(1, 5)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = write_report(tmp_path).read_text()
+    assert (tmp_path / "report" / "spot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "](spot.png)" in text
+    write_metrics(tmp_path, [1])  # a colocated run: no spot metrics, no spot plot (nor a stale one)
+    assert "spot.png" not in write_report(tmp_path).read_text()
+    assert not (tmp_path / "report" / "spot.png").exists()
+
+
 def test_report_without_metrics_raises(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         write_report(tmp_path)

@@ -28,6 +28,9 @@ LENGTH = "response_length/mean"
 LENGTH_MAX = "response_length/max"
 LENGTH_MIN = "response_length/min"
 STEP_TIME = "timing_s/step"
+INSTANCES = "spot/instances"
+PREEMPTIONS = "spot/preemptions"
+MIGRATED = "migration/samples"
 TIMING_PREFIX = "timing_s/"
 THROUGHPUT = "perf/throughput"
 
@@ -84,6 +87,7 @@ def write_report(run_dir: Path, title: str = "") -> Path:
         ("Reward", "reward.png", plot_reward),
         ("Response length", "response_length.png", plot_response_length),
         ("Time breakdown", "time_breakdown.png", plot_time_breakdown),
+        ("Preemptible instances", "spot.png", plot_spot),
     ]
     for heading, file_name, plot in plots:
         figure = plot(rows)
@@ -242,6 +246,40 @@ def plot_time_breakdown(rows: Rows) -> Figure | None:
     order = sorted(range(len(labels)), key=lambda i: (labels[i] != "step (total)", -i))
     ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
               bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return figure
+
+
+def plot_spot(rows: Rows) -> Figure | None:
+    """Hybrid runs: preemptible instances at each step's start, steps with preemptions marked (with
+    their count), and the samples that migrated, on a second axis."""
+    steps, instances = series(rows, INSTANCES)
+    if not steps:
+        return None
+    figure, ax = _axes("Preemptible instances", "instances")
+    ax.step(steps, instances, where="mid", color="tab:blue", label=INSTANCES)
+    hit = [(step, rows[step][PREEMPTIONS]) for step in steps if rows[step].get(PREEMPTIONS, 0) > 0]
+    if hit:
+        ax.scatter([s for s, _ in hit], [rows[s][INSTANCES] for s, _ in hit], marker="x", color="tab:red",
+                   s=60, zorder=3, label=f"{PREEMPTIONS} (count)")
+        for step, count in hit:
+            ax.annotate(f"{count:g}", (step, rows[step][INSTANCES]), textcoords="offset points", xytext=(4, 6),
+                        color="tab:red", fontsize="small")
+    ax.set_ylim(bottom=0, top=max(instances) + 1)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    migrated_steps, migrated = series(rows, MIGRATED)
+    handles, labels = ax.get_legend_handles_labels()
+    if migrated:
+        twin = ax.twinx()
+        twin.bar(migrated_steps, migrated, width=0.6, alpha=0.25, color="tab:orange")
+        twin.set_ylabel("migrated samples")
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(color="tab:orange", alpha=0.25))
+        labels.append(MIGRATED)
+    _single_step_axis(ax, steps)
+    ax.legend(handles, labels, loc="upper left", fontsize="small")
     return figure
 
 
