@@ -82,7 +82,8 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
     common = [f"reward.path={reward}", "trainer.lr=1e-2", "run.save_freq=0", "rollout.n=8",
               "data.max_response_length=16", *QUIET]
     colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
-    run = train(tmp_path, *common, "run.total_steps=8", "run.test_freq=4", "rollout.mode=hybrid", "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05",
+    run = train(tmp_path, *common, "run.total_steps=8", "run.test_freq=4", "rollout.mode=hybrid",
+                "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05",
                 "rollout.hybrid.preempt_every_s=0.4")
     m = metrics_of(run)
     scores = [m[s]["critic/score/mean"] for s in range(1, 9)]

@@ -118,7 +118,8 @@ class ColocatedRollout:
         metrics = {"spec/verify_steps": float(stats.verify_steps),
                    "spec/step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
                    "spec/acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
-                   "spec/accepted_tokens_per_step": stats.accepted / stats.verifications if stats.verifications else 0.0,
+                   "spec/accepted_tokens_per_step":
+                       stats.accepted / stats.verifications if stats.verifications else 0.0,
                    "spec/history_prompts": float(len(self.history))}
         if stats.verify_s > 0:
             metrics["spec/speedup"] = stats.plain_equivalent_s / stats.verify_s

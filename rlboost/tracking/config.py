@@ -26,8 +26,8 @@ class TrackingConfig:
 
     report: bool = True
     """When the run ends, write `<run_dir>/report/report.md` with plots (reward, response length, time
-    breakdown, and preemptible instances in hybrid runs) built from `metrics.jsonl`; needs the `jsonl` logger. `rlboost.tracking.write_report(run_dir)`
-    rebuilds it any time, also for a run that was killed."""
+    breakdown, and preemptible instances in hybrid runs) built from `metrics.jsonl`; needs the `jsonl`
+    logger. `rlboost.tracking.write_report(run_dir)` rebuilds it any time, also for a run that was killed."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
