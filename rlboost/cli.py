@@ -25,11 +25,17 @@ def _bench_engine(args: argparse.Namespace) -> int:
     cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
                             new_tokens=args.new_tokens, device=args.device, dtype=args.dtype, repeats=args.repeats,
                             hf_baseline=not args.no_hf, compare_cpu_linear=args.compare_cpu_linear)
-    with console.status(f"benchmarking: engine, HF generate and the hardware roofline take turns, {cfg.repeats} rounds..."):
-        result = bench_engine(cfg)
+    status = f"benchmarking: engine, HF generate and the hardware roofline take turns, {cfg.repeats} rounds..."
+    return _run_bench(status, bench_engine, cfg, render, args.json)
+
+
+def _run_bench(status: str, bench, cfg, render, json_path: str | None) -> int:
+    """Run a benchmark under a status line, print its table, and write its JSON if asked."""
+    with console.status(status):
+        result = bench(cfg)
     console.print(render(result))
-    if args.json:
-        path = Path(args.json)
+    if json_path:
+        path = Path(json_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {path}")
@@ -42,13 +48,8 @@ def _bench_hybrid(args: argparse.Namespace) -> int:
     cfg = HybridBenchConfig(model=args.model, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
                             preemptible=args.preemptible, kills=args.kills, seed_window_s=args.seed_window_s,
                             stream_interval=args.stream_interval, seed=args.seed)
-    with console.status("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs..."):
-        result = bench_hybrid(cfg)
-    console.print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_bench("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs...",
+                      bench_hybrid, cfg, render, args.json)
 
 
 def _bench_spec(args: argparse.Namespace) -> int:
@@ -58,13 +59,8 @@ def _bench_spec(args: argparse.Namespace) -> int:
                           batches=[int(b) for b in args.batches.split(",")],
                           temperatures=[float(t) for t in args.temperatures.split(",")],
                           history_samples=args.history_samples, train_steps=args.train_steps, seed=args.seed)
-    with console.status("benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO steps..."):
-        result = bench_spec(cfg)
-    console.print(render(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
-        console.print(f"wrote {args.json}")
-    return 0
+    return _run_bench("benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO "
+                      "steps...", bench_spec, cfg, render, args.json)
 
 
 def _generate(args: argparse.Namespace) -> int:
