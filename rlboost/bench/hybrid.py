@@ -90,8 +90,9 @@ def bench_hybrid(cfg: HybridBenchConfig) -> dict:
         for label, kills in (("hybrid_unkilled", 0), ("hybrid", cfg.kills)):
             fleet.replenish(weights, 0)
             list(manager.start_step(new_groups(0, prompts, cfg.n, cfg.seed), params, 0, cfg.seed_window_s).groups())
-            kill_at = sorted(rng.uniform(cfg.seed_window_s, cfg.seed_window_s + 0.5 * colocated["step_time_s"])
-                             for _ in range(kills))
+            # kills land within the step: 20-60% into the undisturbed hybrid step's measured time
+            span = results["hybrid_unkilled"]["step_time_s"] if results else colocated["step_time_s"]
+            kill_at = sorted(rng.uniform(0.2 * span, 0.6 * span) for _ in range(kills))
             run = manager.start_step(new_groups(1, prompts, cfg.n, cfg.seed), params, 0, cfg.seed_window_s)
             killer = threading.Thread(target=_kill, args=(fleet, kill_at, rng), daemon=True)
             killer.start()
