@@ -195,7 +195,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
     history = None
     if cfg.rollout.histospec.enabled:
         history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
-        engine.drafter = Drafter(history, cfg.rollout.histospec.draft_config())
+        engine.drafter = Drafter(history, cfg.rollout.histospec)
     return ColocatedRollout(engine, history)
 
 

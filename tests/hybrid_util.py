@@ -66,8 +66,7 @@ def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str
         t0 = time.monotonic()
         for at, index in kills:
             time.sleep(max(0.0, at - (time.monotonic() - t0)))
-            victims = sorted((h for h in fleet.manager.alive(PREEMPTIBLE) if h.name not in fleet.killed),
-                             key=lambda h: h.name)
+            victims = fleet.killable()
             if victims:
                 fleet.preempt(victims[index % len(victims)], how)
 

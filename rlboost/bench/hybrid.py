@@ -118,8 +118,7 @@ def _kill(fleet: Fleet, at: list[float], rng: random.Random) -> None:
     t0 = time.monotonic()
     for moment in at:
         time.sleep(max(0.0, moment - (time.monotonic() - t0)))
-        victims = sorted((h for h in fleet.manager.alive(PREEMPTIBLE) if h.name not in fleet.killed),
-                         key=lambda h: h.name)
+        victims = fleet.killable()
         if victims:
             fleet.preempt(rng.choice(victims))
 

@@ -25,12 +25,18 @@ from rlboost.histospec.history import HistoryStore, prompt_key
 
 @dataclass
 class DraftConfig:
-    max_order: int = 7  # longest suffix matched
-    min_order: int = 3  # back-off floor: shorter matches are too ambiguous to pay for a draft
-    min_probability: float = 0.1  # stop once the best continuation is this unlikely
+    max_order: int = 7
+    """Longest suffix of a running response matched in the history."""
+    min_order: int = 3
+    """Shortest suffix matched (the back-off floor): shorter matches are too ambiguous to pay for a draft."""
+    min_probability: float = 0.1
+    """Drafting follows the most frequent continuation while its empirical probability stays at least this."""
     min_draft: int = 1
+    """Shortest draft a request shrinks to after rejections."""
     max_draft: int = 8
+    """Longest draft a request grows to while its drafts are fully accepted."""
     initial_draft: int = 4
+    """Draft length of a new request."""
 
     def validate(self) -> None:
         if self.min_order < 1:

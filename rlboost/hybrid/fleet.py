@@ -10,6 +10,7 @@ finds out the way it would on a real cluster.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -95,6 +96,10 @@ class Fleet:
             return 0
         return len(self.start(PREEMPTIBLE, missing, weights_ref, version))
 
+    def killable(self) -> list[WorkerHandle]:
+        """Live preemptible instances not yet killed (the manager may not have noticed a kill yet), by name."""
+        return sorted((h for h in self.manager.alive(PREEMPTIBLE) if h.name not in self.killed), key=lambda h: h.name)
+
     def preempt(self, handle: WorkerHandle, how: str | None = None) -> None:
         """Hard-kill an instance, as a cloud provider would; tells the manager nothing."""
         how = how or self.cfg.preempt_with
@@ -121,7 +126,7 @@ class Fleet:
         if not self.cfg.ledger_dir:
             return self.spec
         Path(self.cfg.ledger_dir).mkdir(parents=True, exist_ok=True)
-        return WorkerSpec(**{**vars(self.spec), "ledger_path": str(Path(self.cfg.ledger_dir) / f"{name}.ledger")})
+        return dataclasses.replace(self.spec, ledger_path=str(Path(self.cfg.ledger_dir) / f"{name}.ledger"))
 
 
 class Preempter:
@@ -144,8 +149,7 @@ class Preempter:
 
     def _run(self) -> None:
         while not self._stop.wait(self.rng.expovariate(1.0 / self.every_s)):
-            victims = sorted((h for h in self.fleet.manager.alive(PREEMPTIBLE) if h.name not in self.fleet.killed),
-                             key=lambda h: h.name)
+            victims = self.fleet.killable()
             if victims:
                 victim = self.rng.choice(victims)
                 self.fleet.preempt(victim)

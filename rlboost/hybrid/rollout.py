@@ -45,10 +45,11 @@ class HybridRollout:
         return self.run.groups()
 
     def publish(self, weights, version: int) -> None:
-        """Every live worker loads the new version; killed instances are replaced by new ones at it."""
+        """Every live worker loads the new version; killed instances are replaced by new ones at it
+        (`rollout.hybrid.respawn`)."""
         ref = ray.put(cpu(weights))
         self.manager.load_weights(ref, version)
-        self.joins = self.fleet.replenish(ref, version)
+        self.joins = self.fleet.replenish(ref, version) if self.cfg.respawn else 0
 
     def step_metrics(self) -> dict[str, float]:
         """spot/*, migration/* and the timings the offload controller reads, for the last step."""
