@@ -70,7 +70,6 @@ class RolloutWorker:
         self.engine = LLMEngine(loaded.model, spec.engine, eos_token_ids=spec.eos_token_ids)
         self.spec = spec
         self._cv = threading.Condition()
-        self._stopped = False
         self._ledger = open(spec.ledger_path, "a") if spec.ledger_path else None
 
     def info(self) -> WorkerInfo:
@@ -102,19 +101,12 @@ class RolloutWorker:
             self.engine.load_weights(state, version)
             return version
 
-    def stop(self) -> None:
-        with self._cv:
-            self._stopped = True
-            self._cv.notify_all()
-
     # ---- the stream ------------------------------------------------------------------------------
 
     def stream(self) -> Iterator[WorkerReport]:
         last_report = time.monotonic()
         while True:
             with self._cv:
-                if self._stopped:
-                    return
                 if self.engine.asleep or not self.engine.has_unfinished():
                     self._cv.wait(timeout=self.spec.heartbeat_interval_s)
                     report = None if self.engine.has_unfinished() and not self.engine.asleep else self._report([])
