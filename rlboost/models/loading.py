@@ -80,6 +80,34 @@ def load_model(config: ModelConfig) -> LoadedModel:
     )
 
 
+def load_skeleton(config: ModelConfig) -> PreTrainedModel:
+    """The model's architecture with uninitialised weights (no checkpoint read): what a rollout worker
+    builds before it pulls the trainer's weights."""
+    dtype = torch_dtype(config.dtype)
+    if config.path.startswith("tiny:"):
+        return load_model(config).model  # a few thousand parameters: building them is the cheap part
+    path = config.path
+    if path == BUNDLED_NAME:
+        folder, kwargs = bundled_smollm2_folder(), {}
+    else:
+        p = Path(path).expanduser()
+        folder, kwargs = (p.parent, {"gguf_file": p.name}) if p.is_file() else (p, {})
+        if config.gguf_file:
+            kwargs = {"gguf_file": config.gguf_file}
+    hf_config = transformers.AutoConfig.from_pretrained(folder, **kwargs)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=dtype)
+    model = model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gives tied parameters separate storage; tie them again
+    # buffers (rotary inverse frequencies) are computed, not loaded: build them again on the CPU
+    for module in model.modules():
+        if "inv_freq" in module._buffers:
+            fresh = type(module)(module.config)
+            for name, buf in fresh.named_buffers(recurse=False):
+                setattr(module, name, buf)
+    return model.eval()
+
+
 def _load_folder(folder: Path, gguf_file: str | None, dtype: torch.dtype, name: str) -> LoadedModel:
     kwargs = {"gguf_file": gguf_file} if gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
