@@ -1,0 +1,114 @@
+"""Adaptive rollout offload (RLBoost, Algorithm 1): the seeding window T_seed and the instance cap.
+
+Contract: a step starts with n preemptible instances; the reserved workers generate alongside them
+for T_seed seconds (`seed_for(n)`), then train on groups as they stream in. After the step the
+caller reports its `StepTimings` to `update`, which moves T_seed by (t_wait_train − t_wait_remote)/η
+within [min_seed_s, max_seed_s], remembers it as M[n] when n held steady, and recomputes the cap on
+instances worth holding. Pure: no clock, no randomness, so the runtime and the simulator share it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+_PREFIX = "rollout.hybrid.offload"
+
+
+@dataclass
+class OffloadConfig:
+    enabled: bool = True
+    """False: T_seed stays at `rollout.hybrid.seed_window_s` and there is no instance cap."""
+    eta: float = 2.0
+    """η: the damping divisor of the T_seed update; larger moves slower but overshoots less."""
+    min_seed_s: float = 0.0
+    """Lower bound on T_seed."""
+    max_seed_s: float = 120.0
+    """Upper bound on T_seed."""
+    min_instances: int = 1
+    """The instance cap never goes below this, so the step keeps instances to learn from."""
+    max_instances: int | None = None
+    """The instance cap never goes above this; None: unbounded."""
+
+    def validate(self) -> None:
+        if not (self.eta > 0 and math.isfinite(self.eta)):
+            raise ValueError(f"{_PREFIX}.eta must be a finite number > 0, got {self.eta}")
+        if not (0 <= self.min_seed_s and math.isfinite(self.min_seed_s)):
+            raise ValueError(f"{_PREFIX}.min_seed_s must be finite and >= 0, got {self.min_seed_s}")
+        if not (self.min_seed_s <= self.max_seed_s and math.isfinite(self.max_seed_s)):
+            raise ValueError(f"{_PREFIX}.max_seed_s must be finite and >= min_seed_s, got {self.max_seed_s}")
+        if self.min_instances < 0:
+            raise ValueError(f"{_PREFIX}.min_instances must be >= 0, got {self.min_instances}")
+        if self.max_instances is not None and self.max_instances < self.min_instances:
+            raise ValueError(f"{_PREFIX}.max_instances must be >= min_instances, got {self.max_instances}")
+
+
+@dataclass
+class StepTimings:
+    """What one finished step measured, in seconds."""
+    instances: int  # n: preemptible instances at the step's start
+    stable: bool  # n did not change during the step (no preemption, no join)
+    wait_train_s: float  # trainer idle waiting for micro-batches after the seeding window
+    wait_remote_s: float  # instances idle after their last response until the step ended
+    remote_s: float  # how long the instances generated: step start to their last response
+    train_s: float  # the trainer's compute time in the step
+
+
+class OffloadController:
+    def __init__(self, cfg: OffloadConfig, initial_seed_s: float, num_reserved: int):
+        cfg.validate()
+        if num_reserved < 0:
+            raise ValueError(f"num_reserved must be >= 0, got {num_reserved}")
+        self.cfg = cfg
+        self.num_reserved = num_reserved  # N_resv, in instance-equivalents of rollout throughput
+        self.seed_s = self._clamp(initial_seed_s) if cfg.enabled else float(initial_seed_s)
+        self.memory: dict[int, float] = {}
+        self._cap: int | None = None  # None until a step has measured the training time
+
+    def _clamp(self, seed_s: float) -> float:
+        return min(max(float(seed_s), self.cfg.min_seed_s), self.cfg.max_seed_s)
+
+    def seed_for(self, instances: int) -> float:
+        # A known n restarts from what was learned for it: after a preemption or a join, adapting
+        # from the previous n's value would take several steps to get back.
+        if self.cfg.enabled and instances in self.memory:
+            self.seed_s = self.memory[instances]
+        return self.seed_s
+
+    def update(self, t: StepTimings) -> float:
+        if not self.cfg.enabled:
+            return self.seed_s
+        times = (t.wait_train_s, t.wait_remote_s, t.remote_s, t.train_s)
+        if not all(math.isfinite(x) for x in times):
+            return self.seed_s  # a broken measurement says nothing; keep the last decision
+        step_seed_s = self.seed_s
+        # Trainer waiting: the instances are the bottleneck, so the reserved workers should generate
+        # longer. Instances idle at the end: the trainer is, so hand it the reserved workers sooner.
+        self.seed_s = self._clamp(step_seed_s + (t.wait_train_s - t.wait_remote_s) / self.cfg.eta)
+        # A step whose n changed mixes two regimes; its outcome is no lesson for either n.
+        if t.stable:
+            self.memory[t.instances] = self.seed_s
+        if t.train_s > 0:
+            # Instance-seconds of generation the step needed, spread over the training time: the
+            # instances that let rollout keep pace with training. More would only sit idle.
+            needed = (t.remote_s * t.instances + step_seed_s * self.num_reserved) / t.train_s
+            cap = max(math.ceil(needed - 1e-9), self.cfg.min_instances)  # 1e-9: float noise at integers
+            self._cap = cap if self.cfg.max_instances is None else min(cap, self.cfg.max_instances)
+        return self.seed_s
+
+    def instance_cap(self) -> int | None:
+        return self._cap if self.cfg.enabled else None
+
+    def state_dict(self) -> dict:
+        # JSON turns int keys into strings; store them as strings so a round trip is exact.
+        return {"seed_s": self.seed_s, "cap": self._cap,
+                "memory": {str(n): seed for n, seed in self.memory.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory = {int(n): self._clamp(seed) for n, seed in state.get("memory", {}).items()}
+        self._cap = None if state.get("cap") is None else int(state["cap"])
+        if self.cfg.enabled:  # disabled: T_seed stays what the config says
+            self.seed_s = self._clamp(state["seed_s"])
+
+
+__all__ = ["OffloadConfig", "OffloadController", "StepTimings"]

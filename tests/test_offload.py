@@ -1,0 +1,236 @@
+"""Adaptive offload controller: the T_seed rule, the memory per instance count, the instance cap, and
+convergence on a synthetic model of the hybrid step."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rlboost.policies.offload import OffloadConfig, OffloadController, StepTimings
+
+
+def timings(n=4, stable=True, wait_train=0.0, wait_remote=0.0, remote=30.0, train=20.0):
+    return StepTimings(instances=n, stable=stable, wait_train_s=wait_train, wait_remote_s=wait_remote,
+                       remote_s=remote, train_s=train)
+
+
+def controller(seed=5.0, reserved=2, **cfg):
+    return OffloadController(OffloadConfig(**cfg), initial_seed_s=seed, num_reserved=reserved)
+
+
+# --- the T_seed rule ---
+
+def test_trainer_waiting_seeds_longer():
+    c = controller(seed=5.0)
+    assert c.update(timings(wait_train=10.0)) == pytest.approx(10.0)  # 5 + 10/2
+    assert c.seed_s == pytest.approx(10.0)
+
+
+def test_instances_idle_seeds_less():
+    c = controller(seed=5.0)
+    assert c.update(timings(wait_remote=4.0)) == pytest.approx(3.0)  # 5 - 4/2
+
+
+def test_the_difference_of_the_waits_moves_t_seed():
+    c = controller(seed=5.0)
+    assert c.update(timings(wait_train=3.0, wait_remote=3.0)) == pytest.approx(5.0)
+    assert c.update(timings(wait_train=1.0, wait_remote=7.0)) == pytest.approx(2.0)
+
+
+def test_eta_damps_the_step():
+    step = timings(wait_train=8.0)
+    assert controller(seed=5.0, eta=1.0).update(step) == pytest.approx(13.0)
+    assert controller(seed=5.0, eta=4.0).update(step) == pytest.approx(7.0)
+
+
+def test_t_seed_stays_within_bounds():
+    c = controller(seed=5.0, min_seed_s=1.0, max_seed_s=20.0)
+    assert c.update(timings(wait_train=100.0)) == 20.0
+    assert c.update(timings(wait_remote=100.0)) == 1.0
+    assert controller(seed=500.0, max_seed_s=20.0).seed_s == 20.0  # the initial value too
+
+
+def test_broken_measurement_changes_nothing():
+    c = controller(seed=5.0)
+    c.update(timings(remote=30.0, train=20.0))
+    cap = c.instance_cap()
+    assert c.update(timings(wait_train=math.nan, train=1.0)) == 5.0
+    assert c.instance_cap() == cap and c.memory == {4: 5.0}
+
+
+# --- the memory M[n] ---
+
+def test_memory_stored_only_when_n_was_stable():
+    c = controller(seed=5.0)
+    c.update(timings(n=4, stable=False, wait_train=10.0))
+    assert c.memory == {}
+    c.update(timings(n=4, stable=True, wait_train=10.0))
+    assert c.memory == {4: pytest.approx(15.0)}
+    c.update(timings(n=4, stable=False, wait_remote=20.0))  # a later unstable step leaves M[4]
+    assert c.memory == {4: pytest.approx(15.0)} and c.seed_s == pytest.approx(5.0)
+
+
+def test_memory_reused_when_n_recurs_and_not_for_an_unseen_n():
+    c = controller(seed=5.0)
+    c.update(timings(n=4, wait_train=10.0))  # M[4] = 10
+    c.update(timings(n=8, wait_remote=8.0))  # M[8] = 6
+    assert c.seed_for(3) == pytest.approx(6.0)  # unseen: carry on from the current value
+    assert c.seed_for(4) == pytest.approx(10.0)
+    assert c.seed_s == pytest.approx(10.0)  # and adapting continues from there
+    assert c.update(timings(n=4, wait_train=2.0)) == pytest.approx(11.0)
+    assert c.seed_for(8) == pytest.approx(6.0)
+
+
+# --- the instance cap ---
+
+def test_no_cap_before_the_first_step():
+    assert controller().instance_cap() is None
+
+
+def test_cap_formula_uses_the_step_t_seed():
+    c = controller(seed=10.0, reserved=2)
+    # (t_remote·n + T_seed·N_resv) / t_train = (30·4 + 10·2) / 16 = 8.75 → 9, with the step's T_seed
+    # (10), not the updated one (15).
+    c.update(timings(n=4, wait_train=10.0, remote=30.0, train=16.0))
+    assert c.seed_s == pytest.approx(15.0)
+    assert c.instance_cap() == 9
+    c.update(timings(n=4, remote=30.0, train=20.0))  # (120 + 30) / 20 = 7.5 → 8
+    assert c.instance_cap() == 8
+    c.update(timings(n=4, remote=25.0, train=10.0))  # (100 + 30) / 10 = 13 exactly: no round-up
+    assert c.instance_cap() == 13
+
+
+def test_cap_kept_when_train_time_is_not_positive():
+    c = controller(seed=10.0)
+    c.update(timings(remote=30.0, train=16.0))
+    c.update(timings(remote=30.0, train=0.0))
+    assert c.instance_cap() == 9
+
+
+def test_cap_clamped_to_min_and_max_instances():
+    low = controller(seed=0.0, min_instances=3)
+    low.update(timings(n=1, remote=1.0, train=100.0))  # needs 0.01 → 1, raised to 3
+    assert low.instance_cap() == 3
+    high = controller(seed=0.0, max_instances=5)
+    high.update(timings(n=4, remote=100.0, train=10.0))  # needs 40
+    assert high.instance_cap() == 5
+    assert controller(seed=0.0).update(timings(n=1, remote=1.0, train=100.0)) == 0.0
+    default = controller(seed=0.0)
+    default.update(timings(n=1, remote=1.0, train=100.0))
+    assert default.instance_cap() == 1  # min_instances defaults to 1
+
+
+# --- disabled, checkpoints, config ---
+
+def test_disabled_controller_is_constant():
+    c = controller(seed=200.0, enabled=False)  # not even clamped: the config's window is used as is
+    for step in (timings(wait_train=50.0), timings(n=8, wait_remote=50.0), timings(n=4)):
+        assert c.seed_for(step.instances) == 200.0
+        assert c.update(step) == 200.0
+    assert c.instance_cap() is None and c.memory == {}
+
+
+def test_state_dict_round_trips_through_json():
+    c = controller(seed=5.0)
+    c.update(timings(n=4, wait_train=10.0, train=16.0))
+    c.update(timings(n=8, wait_remote=2.0, train=16.0))
+    state = json.loads(json.dumps(c.state_dict()))
+    restored = controller(seed=99.0)
+    restored.load_state_dict(state)
+    assert restored.seed_s == c.seed_s and restored.instance_cap() == c.instance_cap()
+    assert restored.memory == c.memory and all(isinstance(n, int) for n in restored.memory)
+    assert restored.seed_for(4) == c.seed_for(4)
+    step = timings(n=4, wait_train=3.0, remote=12.0, train=7.0)
+    assert restored.update(step) == c.update(step) and restored.instance_cap() == c.instance_cap()
+
+
+def test_disabled_controller_keeps_its_window_on_load():
+    c = controller(seed=5.0)
+    c.update(timings(wait_train=10.0))
+    off = controller(seed=2.0, enabled=False)
+    off.load_state_dict(c.state_dict())
+    assert off.seed_s == 2.0 and off.seed_for(4) == 2.0
+
+
+@pytest.mark.parametrize("field, value", [
+    ("eta", 0.0), ("eta", -1.0), ("eta", math.inf), ("min_seed_s", -0.5), ("max_seed_s", -1.0),
+    ("min_instances", -1), ("max_instances", 0),
+])
+def test_validate_names_the_field(field, value):
+    cfg = OffloadConfig(**{field: value})
+    with pytest.raises(ValueError, match=rf"rollout\.hybrid\.offload\.{field}\b"):
+        cfg.validate()
+    with pytest.raises(ValueError, match=field):
+        OffloadController(cfg, initial_seed_s=1.0, num_reserved=1)
+    OffloadConfig().validate()
+
+
+# --- convergence on a synthetic hybrid step ---
+#
+# Rollout work W in instance-seconds (an instance generates 1 unit/s); the reserved workers generate
+# R units/s; n instances. For T = min(T_seed, W/(R+n)) all generate; then the instances alone finish
+# the rest, their last response at t_R = (W − R·T)/n. The trainer starts at T, consumes the stream at
+# W/t_c units/s but never ahead of it, so it is done consuming at max(T + t_c, t_R), then runs the
+# optimizer step (TAU s): end = max(T + t_c, t_R) + TAU, train_s = t_c + TAU.
+# wait_train = end − T − train_s (trainer idle), wait_remote = end − t_R (instances idle).
+
+W, R, TRAIN, TAU = 400.0, 2.0, 40.0, 2.0
+
+
+def hybrid_step(seed_s, n):
+    window = min(seed_s, W / (R + n))
+    last_response = (W - R * window) / n
+    end = max(window + TRAIN - TAU, last_response) + TAU
+    return end, StepTimings(instances=n, stable=True, wait_train_s=end - window - TRAIN,
+                            wait_remote_s=end - last_response, remote_s=last_response, train_s=TRAIN)
+
+
+def best_fixed_seed(n, cfg=OffloadConfig()):
+    grid = [cfg.min_seed_s + i * 0.01 for i in range(int((cfg.max_seed_s - cfg.min_seed_s) / 0.01) + 1)]
+    return min(grid, key=lambda seed: hybrid_step(seed, n)[0])
+
+
+def run(c, n, steps):
+    for _ in range(steps):
+        end, step = hybrid_step(c.seed_for(n), n)
+        c.update(step)
+    return end
+
+
+def test_model_has_an_interior_optimum():
+    best = best_fixed_seed(4)
+    assert 10.0 < best < 100.0  # (W − n·(TRAIN − TAU)) / (n + R) ≈ 41.3
+    assert hybrid_step(best, 4)[0] < 0.9 * min(hybrid_step(0.0, 4)[0], hybrid_step(120.0, 4)[0])
+
+
+@pytest.mark.parametrize("start", [0.0, 120.0])
+def test_controller_converges_to_the_best_fixed_seed(start):
+    best = best_fixed_seed(4)
+    c = controller(seed=start, reserved=int(R))
+    end = run(c, 4, 30)
+    assert c.seed_s == pytest.approx(best, rel=0.10)
+    assert end == pytest.approx(hybrid_step(best, 4)[0], rel=0.02)
+    # The cap is the step's instance-seconds of work over the training time: W / TRAIN instances
+    # would generate as fast as the trainer consumes.
+    assert c.instance_cap() == math.ceil(W / TRAIN)
+
+
+def test_memory_jumps_back_to_what_was_learned_for_a_recurring_n():
+    best4, best8 = best_fixed_seed(4), best_fixed_seed(8)
+    assert best8 < 0.5 * best4  # twice the instances: seed much less
+    c = controller(seed=0.0, reserved=int(R))
+    run(c, 4, 20)
+    learned4 = c.memory[4]
+    # The step during which n went 4 → 8 mixes both regimes: it updates T_seed but is not remembered.
+    c.update(StepTimings(4, False, 0.0, 30.0, 30.0, TRAIN))
+    assert c.memory == {4: learned4}
+    end = run(c, 8, 20)
+    assert end == pytest.approx(hybrid_step(best8, 8)[0], rel=0.02)
+    assert set(c.memory) == {4, 8}
+    # Back to 4: the very first step already runs at the learned window, near the best step time...
+    assert c.seed_for(4) == learned4
+    assert hybrid_step(c.seed_s, 4)[0] == pytest.approx(hybrid_step(best4, 4)[0], rel=0.02)
+    # ...whereas adapting from n=8's window, without memory, starts far off.
+    assert hybrid_step(best8, 4)[0] > 1.1 * hybrid_step(best4, 4)[0]
