@@ -3,12 +3,11 @@ outputs from a plain in-process engine, and the invariant checks every hybrid te
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
 from pathlib import Path
-
-import ray
 
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.hybrid.config import HybridConfig
@@ -45,15 +44,23 @@ def reference() -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
-def start_fleet(tmp: Path, num_preemptible: int, **cfg) -> tuple[Fleet, object]:
+def weights() -> dict:
+    """The reference model's parameters: what the trainer would publish."""
+    return {name: p.detach() for name, p in load_model(MODEL).model.named_parameters()}
+
+
+def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[Fleet, dict]:
     hybrid = HybridConfig(num_preemptible=num_preemptible, ledger_dir=str(tmp / "ledgers"), **cfg)
     # frequent heartbeats leave a wide margin under the short timeouts some tests set
-    spec = WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25)
+    spec = dataclasses.replace(WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25),
+                               **(spec_overrides or {}))
     fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
-    weights = ray.put(dict(load_model(MODEL).model.state_dict()))
-    fleet.start(RESERVED, 1, weights, version=0)
-    fleet.start(PREEMPTIBLE, num_preemptible, weights, version=0)
-    return fleet, weights
+    state = weights()
+    fleet.publish(state, version=0)
+    fleet.start(RESERVED, 1)
+    fleet.start(PREEMPTIBLE, num_preemptible)
+    fleet.wait_ready()
+    return fleet, state
 
 
 def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str | None = None, version: int = 0):

@@ -11,7 +11,6 @@ import threading
 import time
 
 import pytest
-import ray
 
 from hybrid_util import check_invariants, reference, run_step, start_fleet
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED
@@ -32,7 +31,8 @@ def fleet(tmp_path_factory):
 
 
 def refill(fleet) -> None:
-    fleet.replenish(fleet.weights, version=0)
+    fleet.replenish()
+    fleet.wait_ready()
     assert len(fleet.manager.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
@@ -110,16 +110,23 @@ def test_all_preemptible_workers_dying_mid_step(fleet, ref):
 
 
 def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
-    """Invariant 1: only workers holding the step's version generate. One preemptible worker misses
-    the update to version 1 (same tensors, so the reference outputs stay valid) and must stay idle."""
-    stale, *updated = sorted(fleet.manager.alive(), key=lambda h: (h.kind != PREEMPTIBLE, h.name))
-    for h in updated:
-        h.version = ray.get(h.actor.load_weights.remote(fleet.weights, 1))
-    out, run = run_step(fleet, version=1)
-    check_invariants(out, run, ref, version=1)
-    assert stale.kind == PREEMPTIBLE and stale.alive and stale.version == 0
-    assert run.stats.tokens_by_worker[stale.name] == 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
-    fleet.manager.load_weights(fleet.weights, 0)  # back to version 0 for the other tests
+    """Invariant 1: only workers holding the step's version generate. One preemptible worker is frozen
+    (SIGSTOP) when version 1 is published (same tensors, so the reference outputs stay valid): its pull
+    cannot finish, so it must stay idle through the step, and serve again once it has pulled."""
+    stale = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    os.kill(stale.pid, signal.SIGSTOP)
+    try:
+        fleet.publish(fleet.weights, version=1)  # returns without waiting for preemptible pulls
+        out, run = run_step(fleet, version=1)
+        check_invariants(out, run, ref, version=1)
+        assert stale.alive and stale.version == 0 and stale.pull is not None
+        assert run.stats.tokens_by_worker[stale.name] == 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
+    finally:
+        os.kill(stale.pid, signal.SIGCONT)
+    fleet.wait_ready()
+    assert stale.version == 1 and stale.checksum == fleet.manifest.checksum
+    fleet.publish(fleet.weights, version=0)  # back to version 0 for the other tests
+    fleet.wait_ready()
 
 
 def test_zero_preemptible_workers(fleet, ref):

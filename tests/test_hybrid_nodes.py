@@ -30,7 +30,8 @@ def test_removed_nodes_lose_no_sample(fleet):
     check_invariants(out, run, ref, fleet.tmp / "ledgers")
     assert run.stats.preemptions == 1 and run.stats.migrated["preempted"] > 0
 
-    fleet.replenish(fleet.weights, version=0)  # a new node joins at a step boundary
+    fleet.replenish()  # a new node joins at a step boundary
+    fleet.wait_ready()
     assert len(fleet.manager.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
     # the node goes, its worker process stays: only the node table says it is gone

@@ -19,7 +19,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-import ray
 from rich.table import Table
 
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
@@ -83,12 +82,13 @@ def bench_hybrid(cfg: HybridBenchConfig) -> dict:
     manager = RolloutManager(hybrid_cfg)
     fleet = Fleet(hybrid_cfg, WorkerSpec(model_cfg, engine_cfg, []), manager)
     try:
-        weights = ray.put(dict(load_model(model_cfg).model.state_dict()))
-        fleet.start(RESERVED, 1, weights, 0)
-        fleet.start(PREEMPTIBLE, cfg.preemptible, weights, 0)
+        fleet.publish({n: p.detach() for n, p in load_model(model_cfg).model.named_parameters()}, 0)
+        fleet.start(RESERVED, 1)
+        fleet.start(PREEMPTIBLE, cfg.preemptible)
         results = {}
         for label, kills in (("hybrid_unkilled", 0), ("hybrid", cfg.kills)):
-            fleet.replenish(weights, 0)
+            fleet.replenish()
+            fleet.wait_ready()
             list(manager.start_step(new_groups(0, prompts, cfg.n, cfg.seed), params, 0, cfg.seed_window_s).groups())
             # kills land within the step: 20-60% into the undisturbed hybrid step's measured time
             span = results["hybrid_unkilled"]["step_time_s"] if results else colocated["step_time_s"]

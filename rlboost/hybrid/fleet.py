@@ -15,13 +15,15 @@ import os
 import random
 import signal
 import threading
+import time
 from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, WorkerHandle
+from rlboost.hybrid import weights as weight_store
+from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, WorkerHandle, first_line
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
@@ -38,11 +40,23 @@ class Fleet:
         self.cluster = None
         self.nodes: dict[str, object] = {}  # worker name -> its own Ray node (instances=nodes)
         self._counter = 0
+        self._lock = threading.Lock()
         self.joins = 0
+        self.starting = 0
+        """Instances asked for whose worker is not admitted yet."""
         self.killed: set[str] = set()
+        self.released: set[str] = set()
+        self.lifetimes: dict[str, list[float]] = {}
+        """Instance name -> [launch time, end time or inf]: what a cloud bills."""
+        self.manifest: weight_store.WeightManifest | None = None
+        self.boot_failures: list[str] = []
+        self._stopping = False
+        manager.pull_timeout_s, manager.pull_retries = cfg.weights.pull_timeout_s, cfg.weights.pull_retries
         if ray.is_initialized():
             raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
-        if cfg.instances == "nodes":
+        if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
+            ray.init(address=cfg.ray_address, logging_level="ERROR")
+        elif cfg.instances == "nodes":
             from ray.cluster_utils import Cluster
 
             self.cluster = Cluster(initialize_head=True, head_node_args={
@@ -50,23 +64,37 @@ class Fleet:
                 "_system_config": FAST_NODE_HEALTH})
             ray.init(address=self.cluster.address, logging_level="ERROR")
         else:
-            ray.init(num_cpus=os.cpu_count(), resources={RESERVED: MANY, PREEMPTIBLE: MANY},
+            ray.init(address="local", num_cpus=os.cpu_count(), resources={RESERVED: MANY, PREEMPTIBLE: MANY},
                      include_dashboard=False, logging_level="ERROR")
 
-    def start(self, kind: str, count: int, weights_ref=None, version: int = 0) -> list[WorkerHandle]:
-        """Start `count` workers of `kind` (in parallel), load `weights_ref` at `version` if given, and
-        add them to the manager. A worker that fails to start is an error naming it."""
+    def publish(self, state: dict, version: int) -> weight_store.WeightManifest:
+        """Put version `version` in the weight store once and make it the one to serve: reserved
+        workers load it before this returns, the others pull it in the background."""
+        self.manifest = weight_store.publish(state, version, self.cfg.weights.bucket_mb)
+        self.manager.publish(self.manifest)  # the previous manifest, and its buckets, are freed now
+        return self.manifest
+
+    def start(self, kind: str, count: int, node_id: str | None = None) -> list[WorkerHandle]:
+        """Start `count` workers of `kind` in parallel and admit them to the manager, which has them
+        pull the current weights. A worker that fails to start is an error naming it; one serving
+        another model is refused and left out of the result. `node_id`: on that existing Ray node."""
+        launched = time.monotonic()
         pending = []
         for _ in range(count):
-            self._counter += 1
-            name = f"{kind[:4]}-{self._counter}"
+            with self._lock:
+                self._counter += 1
+                name = f"{kind[:4]}-{self._counter}"
             options: dict = {"num_cpus": 0, "max_concurrency": 4, "name": None}
-            if kind == PREEMPTIBLE and self.cluster is not None:
+            if node_id is not None:
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+            elif kind == PREEMPTIBLE and self.cluster is not None:
                 node = self.cluster.add_node(num_cpus=0, resources={PREEMPTIBLE: MANY})
                 self.nodes[name] = node
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
             else:
                 options["resources"] = {kind: 1}
+            if kind == PREEMPTIBLE:
+                self.lifetimes[name] = [launched, float("inf")]
             actor = WorkerActor.options(**options).remote(self._spec_for(name))
             pending.append((name, actor, actor.info.remote()))
         handles = []
@@ -74,31 +102,67 @@ class Fleet:
             try:
                 info = ray.get(info_ref, timeout=self.cfg.call_timeout_s)
             except Exception as e:
+                self._ended(name)
+                if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
+                    continue  # preempted while it booted
                 raise RuntimeError(f"rollout worker {name} ({kind}) failed to start: {e}") from e
-            handles.append(WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version))
-        if weights_ref is not None:
-            ray.get([h.actor.load_weights.remote(weights_ref, version) for h in handles],
-                    timeout=self.cfg.call_timeout_s)
-            for h in handles:
-                h.version = version
-        for h in handles:
-            self.manager.add_worker(h)
+            handle = WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version,
+                                  info.fingerprint, info.checksum, launched=launched)
+            if self.manager.add_worker(handle):
+                handles.append(handle)
+            else:
+                self._ended(name)
         if kind == PREEMPTIBLE:
             self.joins += len(handles)
         return handles
 
-    def replenish(self, weights_ref, version: int) -> int:
-        """Bring the preemptible pool back to `num_preemptible` (killed instances are replaced at step
-        boundaries); returns how many joined."""
-        self.manager.reap()
+    def launch(self, count: int, node_id: str | None = None) -> None:
+        """Ask for `count` preemptible instances without waiting: they join (mid-step too) once
+        booted, and serve once their pull verifies. `node_id`: boot it on that Ray node."""
+        if count <= 0:
+            return
+        with self._lock:
+            self.starting += count
+
+        def boot():
+            try:
+                self.start(PREEMPTIBLE, count, node_id)
+            except Exception as e:  # noqa: BLE001 - a failed boot is a missing instance, not a failed run
+                self.boot_failures.append(first_line(e))
+            finally:
+                with self._lock:
+                    self.starting -= count
+
+        threading.Thread(target=boot, name="instance-boot", daemon=True).start()
+
+    def launch_on(self, node_id: str) -> None:
+        self.launch(1, node_id)
+
+    def wait_ready(self, timeout_s: float | None = None) -> None:
+        """Between steps: wait until every live worker serves the current version (or is dropped)."""
+        deadline = time.monotonic() + (timeout_s or self.cfg.weights.pull_timeout_s)
+        while any(h.version != self.manifest.version for h in self.manager.alive()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers not at weight version {self.manifest.version} after {timeout_s}s")
+            self.manager.poll_pulls(self.manager.between_steps, 0.0)
+            time.sleep(0.01)
+
+    def reap(self) -> None:
+        """Forget (and kill) workers the manager declared dead; their instances stop being billed."""
+        for h in self.manager.reap():
+            self._ended(h.name)
+
+    def replenish(self) -> int:
+        """Bring the preemptible pool back to `num_preemptible` at once; returns how many joined."""
+        self.reap()
         missing = self.cfg.num_preemptible - len(self.manager.alive(PREEMPTIBLE))
-        if missing <= 0:
-            return 0
-        return len(self.start(PREEMPTIBLE, missing, weights_ref, version))
+        return len(self.start(PREEMPTIBLE, missing)) if missing > 0 else 0
 
     def killable(self) -> list[WorkerHandle]:
-        """Live preemptible instances not yet killed (the manager may not have noticed a kill yet), by name."""
-        return sorted((h for h in self.manager.alive(PREEMPTIBLE) if h.name not in self.killed), key=lambda h: h.name)
+        """Live preemptible instances not yet killed or given back (the manager may not have noticed
+        yet), by name."""
+        return sorted((h for h in self.manager.alive(PREEMPTIBLE) if h.name not in self.killed | self.released),
+                      key=lambda h: h.name)
 
     def preempt(self, handle: WorkerHandle, how: str | None = None) -> None:
         """Hard-kill an instance, as a cloud provider would; tells the manager nothing."""
@@ -106,6 +170,7 @@ class Fleet:
         if handle.name in self.killed:
             return  # its pid may belong to another process by now
         self.killed.add(handle.name)
+        self._ended(handle.name)
         if how == "node":
             node = self.nodes.pop(handle.name, None)
             if node is None:
@@ -116,7 +181,28 @@ class Fleet:
         except ProcessLookupError:
             pass
 
+    def release(self, handle: WorkerHandle) -> None:
+        """Give an instance back (beyond the cap): a graceful end, not a preemption."""
+        if handle.name in self.killed or handle.name in self.released:
+            return
+        self.released.add(handle.name)
+        self._ended(handle.name)
+        self.manager.fence(handle.name, "released (beyond the instance cap)", released=True)
+        ray.kill(handle.actor, no_restart=True)
+        node = self.nodes.pop(handle.name, None)
+        if node is not None:
+            self.cluster.remove_node(node, allow_graceful=False)
+
+    def instance_seconds(self, t0: float, t1: float) -> float:
+        """Preemptible instance-seconds billed between monotonic times t0 and t1."""
+        return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in list(self.lifetimes.values()))
+
+    def _ended(self, name: str) -> None:
+        if name in self.lifetimes:
+            self.lifetimes[name][1] = min(self.lifetimes[name][1], time.monotonic())
+
     def shutdown(self) -> None:
+        self._stopping = True
         self.manager.shutdown()
         ray.shutdown()
         if self.cluster is not None:

@@ -14,6 +14,12 @@ Contract (DESIGN.md 2.3 and the invariants of section 3):
   back and sleep, and `StepRun.training_may_start` is set. Without a live preemptible worker they do
   not hand off; if every preemptible worker dies later they wake and take the work back (invariant 7).
 - Finished GRPO groups are handed out (`StepRun.groups()`) the moment their last sample finishes.
+- Weights (invariant 5): `publish` makes a version current; reserved workers load it at once, the
+  others pull it in the background, and a worker joins the dispatch only once it reports exactly that
+  version with the store's checksum. Workers may join at any moment, mid-step included; one serving
+  another architecture is refused. A failed pull is retried, then the worker is dropped.
+- Preemption notice (`notice`): the worker gets no more work and its samples are taken back at once,
+  so the kill that follows loses nothing.
 
 The event loop runs in a thread of the driver, so the trainer can consume groups meanwhile.
 """
@@ -34,7 +40,8 @@ import ray
 from rlboost.engine import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.worker import WorkerReport
+from rlboost.hybrid.weights import WeightManifest
+from rlboost.hybrid.worker import PullResult, WorkerReport
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile, WorkerLoad
 from rlboost.rollout.sample import Group, Sample
 
@@ -60,6 +67,18 @@ class WorkerHandle:
     node_id: str
     max_running: int
     version: int = -1
+    fingerprint: str = ""
+    checksum: str = ""
+    launched: float = 0.0
+    """Monotonic time the instance was asked for: provisioning time runs from here to its first ready pull."""
+    ready: float | None = None
+    """When it first held the current weights."""
+    pull: PullCall | None = None
+    pull_failures: int = 0
+    noticed: bool = False
+    """A preemption notice came: no more work, its samples were taken back."""
+    released: bool = False
+    """Given back by us (beyond the instance cap): its end is not a preemption."""
     stream: object | None = None
     fenced: str | None = None
     """Why the worker was declared dead; None while alive."""
@@ -74,6 +93,13 @@ class WorkerHandle:
     @property
     def alive(self) -> bool:
         return self.fenced is None
+
+
+@dataclass
+class PullCall:
+    ref: object
+    version: int
+    sent: float
 
 
 @dataclass
@@ -113,7 +139,7 @@ class StepStats:
     deaths: list[tuple[float, str, str]] = field(default_factory=list)
     """(seconds into the step, worker, reason) of every worker declared dead."""
     migrated: Counter = field(default_factory=Counter)
-    """Samples moved, by reason: preempted, rebalanced, seed_handoff."""
+    """Samples moved, by reason: preempted, rebalanced, seed_handoff, noticed."""
     wasted_tokens: int = 0
     in_flight_at_preemption: int = 0
     fenced_tokens_dropped: int = 0
@@ -128,6 +154,13 @@ class StepStats:
     tokens_by_worker: Counter = field(default_factory=Counter)
     last_finish: dict[str, float] = field(default_factory=dict)
     """Monotonic time each live preemptible worker finished its last sample of the step."""
+    pulls: list[tuple[str, float, int]] = field(default_factory=list)
+    """(worker, seconds, bytes) of every verified weight pull."""
+    provision_s: list[float] = field(default_factory=list)
+    """Launch to first verified weights, of every instance that became ready."""
+    pull_failures: int = 0
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(worker, why) of workers turned away: wrong model or a version that fails its checksum."""
 
 
 class RolloutManager:
@@ -137,43 +170,124 @@ class RolloutManager:
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self._fence_requests: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self._notices: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards `workers` against add_worker from another thread
         self.between_steps = StepStats()
-        """Deaths found out between steps (e.g. a failed weight load); counted in the next step."""
+        """What happened between steps (a failed pull, a join); counted in the next step."""
+        self.manifest: WeightManifest | None = None
+        """The version workers must serve."""
+        self.pull_timeout_s = 120.0
+        self.pull_retries = 2
 
     # ---- membership --------------------------------------------------------------------------------
 
-    def add_worker(self, handle: WorkerHandle) -> None:
+    def add_worker(self, handle: WorkerHandle) -> bool:
+        """Admit a started worker (from any thread, mid-step too). It pulls the current weights and
+        becomes eligible once they verify. One serving another architecture is refused (False)."""
+        why = self._refusal(handle)
+        if why:
+            self.between_steps.refused.append((handle.name, why))
+            ray.kill(handle.actor, no_restart=True)
+            return False
         handle.stream = handle.actor.stream.options(num_returns="streaming").remote()
         handle.last_report = time.monotonic()
         handle.profile = ThroughputProfile(tolerance=self.cfg.plateau_tolerance)
+        if self.manifest is not None and handle.version != self.manifest.version:
+            self._start_pull(handle)
         with self._lock:
             self.workers[handle.name] = handle
+        return True
 
-    def fence(self, name: str, reason: str) -> None:
-        """Declare a worker dead from any thread (e.g. a preemption notice); takes effect in the loop."""
+    def _refusal(self, h: WorkerHandle) -> str:
+        m = self.manifest
+        if m is None:
+            return ""
+        if h.fingerprint != m.fingerprint:
+            return f"serves model {h.fingerprint}, the run's is {m.fingerprint}"
+        if h.version == m.version and h.checksum != m.checksum:
+            return f"claims version {h.version} with checksum {h.checksum or '-'}, the store's is {m.checksum}"
+        return ""
+
+    def notice(self, name: str, seconds: float) -> None:
+        """A preemption notice (from any thread): the instance goes away in about `seconds`. It gets
+        no more work from now on and its samples are taken back before the kill."""
+        h = self.workers.get(name)
+        if h is not None and h.alive:
+            h.accepting, h.noticed = False, True
+            self._notices.put(name)
+
+    def fence(self, name: str, reason: str, released: bool = False) -> None:
+        """Declare a worker dead from any thread; takes effect in the loop. `released`: we gave the
+        instance back ourselves, so it does not count as a preemption."""
+        h = self.workers.get(name)
+        if h is not None and released:
+            h.released = True
         self._fence_requests.put((name, reason))
 
     def alive(self, kind: str | None = None) -> list[WorkerHandle]:
         with self._lock:
             return [h for h in self.workers.values() if h.alive and kind in (None, h.kind)]
 
-    def load_weights(self, state_ref, version: int) -> list[WorkerHandle]:
-        """Every live worker loads `version` (from the object store) in parallel; a worker that fails
-        or times out is declared dead, never left serving other weights. Returns those that failed."""
-        handles = self.alive()
-        refs = {h.actor.load_weights.remote(state_ref, version): h for h in handles}
-        ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=self.cfg.call_timeout_s)
-        failed = []
-        for ref, h in refs.items():
+    def publish(self, manifest: WeightManifest) -> None:
+        """Make `manifest` the version to serve. Reserved workers load it before this returns (the next
+        step starts with them); the others pull in the background. Never waits on a preemptible one."""
+        self.manifest = manifest
+        for h in self.alive():
+            self._start_pull(h)
+        reserved = self.alive(RESERVED)
+        deadline = time.monotonic() + self.pull_timeout_s
+        while any(h.alive and h.version != manifest.version for h in reserved) and time.monotonic() < deadline:
+            refs = [h.pull.ref for h in reserved if h.alive and h.pull is not None]
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+            self.poll_pulls(self.between_steps, 0.0)
+
+    def poll_pulls(self, stats: StepStats, t: float, dead=None) -> None:
+        """Collect finished pulls, retry failed ones, drop workers that keep failing or hang, and start
+        a pull for every live worker not at the current version. `dead(handle, reason)` declares a
+        worker dead (a step passes its own, which also requeues the worker's samples)."""
+        if self.manifest is None:
+            return
+        dead = dead or (lambda h, reason: self._declare_dead(h, reason, stats, t))
+        now = time.monotonic()
+        calls = {h.pull.ref: h for h in self.alive() if h.pull is not None}
+        done = ray.wait(list(calls), num_returns=len(calls), timeout=0)[0] if calls else []
+        for ref in done:
+            h = calls[ref]
+            h.pull = None
             try:
-                if ref not in ready:
-                    raise TimeoutError(f"no answer in {self.cfg.call_timeout_s}s")
-                h.version = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - any failure means these weights are not served there
-                self._declare_dead(h, f"weight load failed: {first_line(e)}", self.between_steps, 0.0)
-                failed.append(h)
-        return failed
+                result: PullResult = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                dead(h, f"it died during a weight pull: {first_line(e)}")
+                continue
+            except ray.exceptions.RayError as e:
+                stats.pull_failures += 1
+                h.pull_failures += 1
+                if h.pull_failures > self.pull_retries:
+                    dead(h, f"weight pull failed {h.pull_failures} times: {first_line(e)}")
+                continue
+            if result.version == self.manifest.version and result.checksum != self.manifest.checksum:
+                stats.refused.append((h.name, f"version {result.version} with checksum {result.checksum}, the "
+                                              f"store's is {self.manifest.checksum}"))
+                dead(h, "it serves weights that fail the store's checksum")
+                continue
+            h.version, h.checksum, h.pull_failures = result.version, result.checksum, 0
+            stats.pulls.append((h.name, result.seconds, result.nbytes))
+            if h.ready is None and h.version == self.manifest.version:
+                h.ready = now
+                if h.kind == PREEMPTIBLE:
+                    stats.provision_s.append(now - h.launched)
+        for h in self.alive():
+            if h.pull is not None and now - h.pull.sent > self.pull_timeout_s + self.cfg.call_timeout_s:
+                dead(h, f"no answer to a weight pull in {now - h.pull.sent:.0f}s")
+            elif h.pull is None and h.version != self.manifest.version:
+                self._start_pull(h)
+
+    def _start_pull(self, h: WorkerHandle) -> None:
+        if h.pull is not None:
+            return  # one pull at a time: poll_pulls starts the next once this one answered
+        h.pull = PullCall(h.actor.pull.remote(self.manifest, self.pull_timeout_s), self.manifest.version,
+                          time.monotonic())
 
     def reap(self) -> list[WorkerHandle]:
         """Kill and forget workers declared dead (a fenced worker may still be running)."""
@@ -208,7 +322,7 @@ class RolloutManager:
             return
         h.fenced, h.accepting = reason, False
         stats.deaths.append((t, h.name, reason))
-        if h.kind == PREEMPTIBLE:
+        if h.kind == PREEMPTIBLE and not h.released:
             stats.preemptions += 1
             stats.in_flight_at_preemption += len(h.assigned)
         for uid in sorted(h.assigned):
@@ -278,6 +392,8 @@ class StepRun:
                     raise RuntimeError("rollout cancelled")
                 now = time.monotonic()
                 self._check_liveness(now)
+                self.m.poll_pulls(self.stats, now - self.t0, self._dead)
+                self._take_back_noticed()
                 if self.seeding and now >= self.deadline:
                     self._end_seeding(now)
                 self._ensure_capacity()
@@ -314,6 +430,12 @@ class StepRun:
             if now - pa.sent > self.cfg.call_timeout_s:
                 self._dead(pa.worker, f"no answer to an abort in {self.cfg.call_timeout_s}s "
                                       "(rollout.hybrid.call_timeout_s)")
+
+    def _take_back_noticed(self) -> None:
+        while not self.m._notices.empty():
+            h = self.m.workers.get(self.m._notices.get())
+            if h is not None and h.alive and h.assigned:
+                self._take_back(h, sorted(h.assigned), "noticed")
 
     def _collect_answers(self) -> None:
         """Results of control calls: a failed submit or abort means a dead worker; an abort's
@@ -535,5 +657,8 @@ def requeue(track: Tracked, pending: deque) -> None:
 
 
 def first_line(e: BaseException) -> str:
+    cause = getattr(e, "cause", None)  # a RayTaskError's first line is Ray's banner; the cause says what went wrong
+    if isinstance(cause, BaseException):
+        e = cause
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"

@@ -5,8 +5,10 @@ Contract (DESIGN.md 2.2):
   engine step that produced chunks it yields a `WorkerReport` at once, so a chunk leaves the process
   as soon as it exists and a hard kill loses at most the tokens not yet chunked (< stream_interval
   per request) or one chunk in transit. An idle worker still reports every `heartbeat_interval_s`.
-- `submit`, `abort`, `load_weights`, `sleep`, `wake` are control calls, run between engine steps
-  (they take the engine lock). `abort` returns each request's exact partial output.
+- `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
+  lock). `abort` returns each request's exact partial output.
+- A worker starts with its model's architecture and no trained weights (version -1); `pull` fetches a
+  published version from the weight store, verifies it and only then swaps it in (invariant 5).
 - The worker knows nothing of samples, steps or fencing: the manager decides what its reports mean.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +25,9 @@ import torch
 
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
-from rlboost.models import ModelConfig, load_model
+from rlboost.hybrid import weights as weight_store
+from rlboost.models import ModelConfig
+from rlboost.models.loading import load_skeleton
 
 
 @dataclass
@@ -36,6 +40,9 @@ class WorkerSpec:
     num_threads: int = 1
     heartbeat_interval_s: float = 1.0
     ledger_path: str | None = None
+    pull_delay_s: float = 0.0
+    """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
+    middle of one. 0 outside tests."""
 
 
 @dataclass
@@ -59,6 +66,18 @@ class WorkerInfo:
     node_id: str
     max_running: int
     version: int
+    fingerprint: str
+    """Architecture of the model it serves (`weights.fingerprint`)."""
+    checksum: str
+    """Checksum of the version it serves ("" before its first pull)."""
+
+
+@dataclass
+class PullResult:
+    version: int
+    checksum: str
+    nbytes: int
+    seconds: float
 
 
 class RolloutWorker:
@@ -66,8 +85,10 @@ class RolloutWorker:
 
     def __init__(self, spec: WorkerSpec):
         torch.set_num_threads(spec.num_threads)
-        loaded = load_model(spec.model)
-        self.engine = LLMEngine(loaded.model, spec.engine, eos_token_ids=spec.eos_token_ids)
+        model = load_skeleton(spec.model)
+        self.fingerprint = weight_store.fingerprint(dict(model.named_parameters()))
+        self.checksum = ""
+        self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
         self.spec = spec
         self._cv = threading.Condition()
         self._ledger = open(spec.ledger_path, "a") if spec.ledger_path else None
@@ -76,7 +97,8 @@ class RolloutWorker:
         import ray  # only the actor needs Ray; the class itself runs without it
 
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-        return WorkerInfo(os.getpid(), node, self.engine.config.max_num_seqs, self.engine.weight_version)
+        return WorkerInfo(os.getpid(), node, self.engine.config.max_num_seqs, self.engine.weight_version,
+                          self.fingerprint, self.checksum)
 
     # ---- control calls ---------------------------------------------------------------------------
 
@@ -96,10 +118,17 @@ class RolloutWorker:
                 self.engine.sleep()
             return partials
 
-    def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> int:
+    def pull(self, manifest: weight_store.WeightManifest, timeout_s: float) -> PullResult:
+        """Fetch, verify and load a published version. The fetch runs outside the engine lock; the swap
+        happens only once every bucket passed its checksum, so a failure leaves the old weights."""
+        t0 = time.perf_counter()
+        if self.spec.pull_delay_s:
+            time.sleep(self.spec.pull_delay_s)
+        state = weight_store.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
-            self.engine.load_weights(state, version)
-            return version
+            self.engine.load_weights(state, manifest.version)
+            self.checksum = manifest.checksum
+        return PullResult(manifest.version, manifest.checksum, manifest.nbytes, time.perf_counter() - t0)
 
     # ---- the stream ------------------------------------------------------------------------------
 

@@ -1,0 +1,152 @@
+"""Instances on their own schedule: joining mid-step, pulling weights, dying mid-pull, being refused,
+and preemption notices (invariants 1, 2, 4, 5, 7), with real processes and real kills."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import ray
+
+from hybrid_util import ENGINE, MODEL, check_invariants, reference, run_step, start_fleet
+from rlboost.hybrid import weights as ws
+from rlboost.hybrid.fleet import WorkerActor
+from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, WorkerHandle
+from rlboost.models import ModelConfig, load_model
+
+
+@pytest.fixture(scope="module")
+def ref():
+    return reference()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("elastic")
+    # small batches make a step long enough (seconds) for an instance to boot and join during it
+    fleet, state = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=20, pull_retries=2),
+                               spec_overrides={"engine": dataclasses.replace(ENGINE, max_num_seqs=4)})
+    fleet.weights, fleet.tmp = state, tmp
+    yield fleet
+    fleet.shutdown()
+
+
+def wait_for(predicate, timeout_s=60.0, what="condition"):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def kill_all_preemptible(fleet):
+    for h in fleet.killable():
+        fleet.preempt(h)
+    run_step(fleet)  # finds the kills out
+    fleet.reap()
+
+
+def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet, ref):
+    joined = []
+
+    def join():
+        joined.extend(fleet.start(PREEMPTIBLE, 1))
+
+    threading.Thread(target=join, daemon=True).start()
+    out, run = run_step(fleet, seed_window_s=None)  # the reserved worker alone would take the whole step
+    check_invariants(out, run, ref)
+    (h,) = joined
+    assert h.ready - run.t0 > 1.0, "it was ready before the step got going: not a mid-step join"
+    assert h.version == 0 and h.checksum == fleet.manifest.checksum
+    assert run.stats.tokens_by_worker[h.name] > 0  # it joined the dispatch during the step
+    assert len(run.stats.provision_s) == 1 and run.stats.pulls
+    kill_all_preemptible(fleet)
+
+
+def test_an_instance_killed_mid_pull_never_serves_and_blocks_nothing(fleet, ref):
+    spec = fleet.spec
+    fleet.spec = dataclasses.replace(spec, pull_delay_s=30.0)
+    try:
+        (h,) = fleet.start(PREEMPTIBLE, 1)
+    finally:
+        fleet.spec = spec
+    assert h.pull is not None and h.version == -1
+    fleet.preempt(h)
+    t0 = time.monotonic()
+    out, run = run_step(fleet)
+    check_invariants(out, run, ref)
+    assert not h.alive and h.version == -1 and run.stats.tokens_by_worker[h.name] == 0
+    assert time.monotonic() - t0 < 20  # neither the kill nor its pending pull held the step up
+    fleet.reap()
+
+
+def test_a_pull_failing_its_checksum_is_retried_then_the_instance_dropped(fleet, ref):
+    good = fleet.manager.manifest
+    first = good.buckets[0]
+    fleet.manager.manifest = dataclasses.replace(
+        good, buckets=[dataclasses.replace(first, crc32=first.crc32 ^ 1)] + good.buckets[1:])
+    try:
+        (h,) = fleet.start(PREEMPTIBLE, 1)
+        fleet.wait_ready(timeout_s=30)  # returns once the instance is dropped
+    finally:
+        fleet.manager.manifest = good
+    stats = fleet.manager.between_steps
+    assert not h.alive and h.version == -1
+    assert "weight pull failed 3 times" in h.fenced and "checksum" in h.fenced
+    assert stats.pull_failures == 3
+    out, run = run_step(fleet)
+    check_invariants(out, run, ref)
+    fleet.reap()
+
+
+def test_an_instance_serving_another_model_is_refused(fleet):
+    spec = fleet.spec
+    fleet.spec = dataclasses.replace(spec, model=ModelConfig(path="tiny:llama"))
+    try:
+        assert fleet.start(PREEMPTIBLE, 1) == []
+    finally:
+        fleet.spec = spec
+    name, why = fleet.manager.between_steps.refused[-1]
+    assert "serves model" in why and name not in fleet.manager.workers
+
+
+def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
+    actor = WorkerActor.options(num_cpus=0, resources={RESERVED: 1}).remote(fleet.spec)
+    other = {n: p.detach() for n, p in load_model(dataclasses.replace(MODEL, seed=7)).model.named_parameters()}
+    foreign = ws.publish(other, version=fleet.manifest.version)
+    ray.get(actor.pull.remote(foreign, 20))
+    info = ray.get(actor.info.remote())
+    assert info.version == fleet.manifest.version and info.checksum != fleet.manifest.checksum
+    handle = WorkerHandle("impostor", PREEMPTIBLE, actor, info.pid, info.node_id, info.max_running, info.version,
+                          info.fingerprint, info.checksum)
+    assert fleet.manager.add_worker(handle) is False
+    assert "impostor" not in fleet.manager.workers
+    assert "checksum" in fleet.manager.between_steps.refused[-1][1]
+
+
+def test_a_noticed_preemption_wastes_no_tokens(fleet, ref):
+    fleet.start(PREEMPTIBLE, 2)
+    fleet.wait_ready()
+    victim = {}
+
+    def notice_then_kill():
+        time.sleep(0.6)
+        busiest = max(fleet.manager.alive(PREEMPTIBLE), key=lambda h: len(h.assigned))
+        victim["h"], victim["in_flight"] = busiest, len(busiest.assigned)
+        fleet.manager.notice(busiest.name, 0.5)
+        time.sleep(0.5)
+        fleet.preempt(busiest)
+
+    threading.Thread(target=notice_then_kill, daemon=True).start()
+    out, run = run_step(fleet)
+    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    h = victim["h"]
+    assert victim["in_flight"] > 0 and run.stats.migrated["noticed"] >= victim["in_flight"]
+    assert run.stats.preemptions == 1 and run.stats.wasted_tokens == 0
+    assert run.stats.in_flight_at_preemption == 0  # nothing was left on it when the kill came
+    from rlboost.hybrid.worker import read_ledger
+    lost = {rid: n - run.stats.received[rid] for rid, n in read_ledger(fleet.tmp / "ledgers" / f"{h.name}.ledger").items()
+            if rid.rpartition("#")[0] in run.tracked}
+    assert lost and all(v == 0 for v in lost.values()), lost
+    kill_all_preemptible(fleet)
