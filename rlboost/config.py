@@ -23,6 +23,7 @@ from rlboost.models.config import ModelConfig
 from rlboost.rewards.config import RewardConfig
 from rlboost.rollout.config import RolloutConfig
 from rlboost.run_dir import RunConfig
+from rlboost.spot.cost import CostConfig
 from rlboost.tracking.config import TrackingConfig
 from rlboost.trainer.config import TrainerConfig
 
@@ -45,6 +46,8 @@ class RLBoostConfig:
     """Optimizer and GRPO loss."""
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     """The reward function."""
+    cost: CostConfig = dataclasses.field(default_factory=CostConfig)
+    """GPU prices the run is charged at (cost/* metrics: dollars and tokens per dollar)."""
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
     """Metric sinks, console and the end-of-run report."""
     run: RunConfig = dataclasses.field(default_factory=RunConfig)

@@ -32,6 +32,7 @@ from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
 from rlboost.rollout import ColocatedRollout, Group, RolloutBackend, new_groups
 from rlboost.run_dir import run_folder
+from rlboost.spot import CostMeter
 from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
 
@@ -59,6 +60,7 @@ def train_loop(cfg: RLBoostConfig, run: Run) -> None:
                     metrics |= run.evaluate()
             metrics["timing_s/step"] = time.perf_counter() - t0
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
+            metrics |= cost_metrics(run.cost, metrics)
             tracker.log(step, metrics)
             if due(step, cfg.run.save_freq, cfg.run.total_steps):
                 run.save(step)
@@ -88,6 +90,7 @@ class Run:
     start_step: int
     version: int
     """Weight version the rollout workers serve (= optimizer updates so far)."""
+    cost: CostMeter
 
     def rl_step(self, step: int) -> dict[str, float]:
         """One RL step; returns its metrics (veRL's names, plus spot/* and migration/* in hybrid mode)."""
@@ -109,10 +112,10 @@ class Run:
         stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
         t1 = time.perf_counter()
         metrics |= self.trainer.train_step(scored(stream), len(groups))
-        metrics |= self.rollout.step_metrics()
+        train_s = time.perf_counter() - t1 - metrics["timing_s/reward"]
+        metrics |= self.rollout.step_metrics(train_s)
         metrics.setdefault("timing_s/gen", t1 - t0)
-        metrics["timing_s/update_actor"] = (time.perf_counter() - t1 - metrics["timing_s/reward"]
-                                            - metrics.get("timing_s/wait_train", 0.0))
+        metrics["timing_s/update_actor"] = train_s - metrics.get("timing_s/wait_train", 0.0)
         with timed(metrics, "update_weights"):
             self.rollout.publish(self.trainer.weights(), version=step)
         self.version = step
@@ -140,7 +143,8 @@ class Run:
         return metrics
 
     def save(self, step: int) -> None:
-        save_checkpoint(self.dir, step, self.trainer, self.tokenizer, {"data": self.loader.state_dict()},
+        save_checkpoint(self.dir, step, self.trainer, self.tokenizer,
+                        {"data": self.loader.state_dict(), "cost": self.cost.state_dict()},
                         rollout_state=self.rollout.state_dict())
 
     def sampling(self, temperature: float) -> SamplingParams:
@@ -176,8 +180,11 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     rollout = make_rollout(cfg, policy.eos_token_ids, trainer.weights(), start_step)
     rollout.load_state_dict(restored.get("rollout", {}))
+    cost = CostMeter(cfg.cost)
+    if "cost" in restored:
+        cost.load_state_dict(restored["cost"])
     return Run(cfg, run_dir, rollout, trainer, loader, scorer, policy.tokenizer, train_set, val_set, start_step,
-               version=start_step)
+               version=start_step, cost=cost)
 
 
 def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int):
@@ -230,6 +237,7 @@ def rollout_metrics(groups: list[Group]) -> dict[str, float]:
         "response_length/clip_ratio": float(np.mean([s.finish_reason == "length" for s in samples])),
         "prompt_length/mean": prompt_lengths.mean(),
         "perf/total_num_tokens": float(lengths.sum() + prompt_lengths.sum()),
+        "perf/response_tokens": float(lengths.sum()),
     }
 
 
@@ -273,11 +281,25 @@ def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer, loader: PromptLo
 
 def validate(cfg: RLBoostConfig) -> None:
     """Every section's own checks, as ConfigErrors (the CLI reports them without a traceback)."""
-    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.reward, cfg.tracking, cfg.run):
+    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.reward, cfg.cost, cfg.tracking, cfg.run):
         try:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+
+
+def cost_metrics(meter: CostMeter, metrics: dict[str, float]) -> dict[str, float]:
+    """cost/* of a step, per generated token: the reserved nodes for its wall time plus the instances
+    it held. In hybrid mode also an estimate of what colocated rollout would have paid per token: the
+    reserved workers generating every token at the speed they showed while seeding, plus the same
+    training time."""
+    tokens = int(metrics["perf/response_tokens"])  # what rollout produced: the product being paid for
+    out = meter.charge_step(metrics["timing_s/step"], metrics.get("spot/instance_s", 0.0), tokens)
+    reserved_rate = metrics.get("rollout/reserved_tokens_per_s", 0.0)
+    if reserved_rate > 0:
+        colocated_s = tokens / reserved_rate + metrics["timing_s/update_actor"]
+        out["cost/colocated_est_tokens_per_usd"] = tokens / meter.reserved_only_usd(colocated_s)
+    return out
 
 
 def due(step: int, freq: int, total: int) -> bool:

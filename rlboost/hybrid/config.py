@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rlboost.hybrid.weights import WeightsConfig
+from rlboost.policies.offload import OffloadConfig
+from rlboost.spot.trace import TraceConfig
 
 INSTANCE_KINDS = ("processes", "nodes")
 PREEMPT_WITH = ("sigkill", "node")
+PROVIDERS = ("fixed", "trace", "ray_cluster")
 
 
 @dataclass
@@ -14,7 +19,14 @@ class HybridConfig:
     """Rollout workers on the reserved resources; they generate during the seeding window, then the
     reserved resources train."""
     num_preemptible: int = 2
-    """Preemptible instances (one rollout worker each) at the start of the run."""
+    """Preemptible instances (one rollout worker each) at the start of the run, and the pool size the
+    `fixed` provider keeps."""
+    provider: str = "fixed"
+    """Who decides which preemptible instances exist: `fixed` (keep num_preemptible, replacing killed
+    ones at once), `trace` (follow the spot trace of `trace.*`), `ray_cluster` (the nodes of the Ray
+    cluster at `ray_address` that carry a `preemptible` resource; more are asked of its autoscaler)."""
+    ray_address: str = ""
+    """Empty: start a local Ray on this machine. Otherwise the address of a running cluster to join."""
     instances: str = "processes"
     """How a local run stands up preemptible instances: `processes` (worker processes of the local Ray
     node) or `nodes` (one extra Ray node per instance, started on this machine, so a preemption can
@@ -43,7 +55,14 @@ class HybridConfig:
     """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
     processes (needs instances=nodes)."""
     respawn: bool = True
-    """Replace killed instances at the next step boundary, so the pool returns to num_preemptible."""
+    """`fixed` provider: replace a killed instance at once (the new one joins mid-step once its weight
+    pull verifies)."""
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    """The spot trace the `trace` provider replays."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """The adaptive offload controller: T_seed per step and the instance cap."""
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    """The weight store: bucket size, pull timeout and retries."""
     ledger_dir: str | None = None
     """Diagnostics: each worker appends its per-request generated-token counts after every engine
     step to a file here, so a test can measure tokens lost to a kill exactly. Off by default."""
@@ -73,5 +92,11 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.max_pending must be >= 0, got {self.max_pending}")
         if not 0 < self.plateau_tolerance <= 1:
             raise ValueError(f"rollout.hybrid.plateau_tolerance must be in (0, 1], got {self.plateau_tolerance}")
+        if self.provider not in PROVIDERS:
+            raise ValueError(f"rollout.hybrid.provider={self.provider!r}; choose one of {', '.join(PROVIDERS)}")
+        if self.provider == "ray_cluster" and not self.ray_address:
+            raise ValueError("rollout.hybrid.provider=ray_cluster needs rollout.hybrid.ray_address (a running cluster)")
+        for section in (self.trace, self.offload, self.weights):
+            section.validate()
         if self.worker_threads < 1:
             raise ValueError(f"rollout.hybrid.worker_threads must be >= 1, got {self.worker_threads}")

@@ -2,6 +2,8 @@
 
 The trainer consumes groups while rollout goes on: `generate` returns the manager's stream of
 finished groups, released once the seeding window has handed the step to the preemptible workers.
+After each step the offload controller reads the step's timings and sets the next T_seed and the cap
+on instances the provider may hold.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
-import ray
 
 from rlboost.engine import SamplingParams
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.fleet import Fleet, Preempter
+from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, StepRun
+from rlboost.hybrid.providers import make_provider
 from rlboost.hybrid.worker import WorkerSpec
+from rlboost.policies.offload import OffloadController, StepTimings
 from rlboost.rollout.sample import Group
 
 
@@ -26,66 +29,91 @@ class HybridRollout:
         self.manager = RolloutManager(cfg)
         self.fleet = Fleet(cfg, spec, self.manager)
         try:
-            ref = ray.put(cpu(weights))
-            self.fleet.start(RESERVED, cfg.num_reserved, ref, version)
-            self.fleet.start(PREEMPTIBLE, cfg.num_preemptible, ref, version)
+            self.fleet.publish(weights, version)
+            self.fleet.start(RESERVED, cfg.num_reserved)
+            if cfg.provider == "fixed":  # a known pool: have it ready for the first step
+                self.fleet.start(PREEMPTIBLE, cfg.num_preemptible)
+            self.fleet.wait_ready()
         except BaseException:
             self.fleet.shutdown()
             raise
-        self.preempter = Preempter(self.fleet, cfg.preempt_every_s, seed).start()
+        self.controller = OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved)
+        self.provider = make_provider(cfg, self.fleet, seed).start()
         self.run: StepRun | None = None
         self.instances_at_start = 0
-        self.joins = 0
+        self.step_started = time.monotonic()
+        self.seed_window_s = cfg.seed_window_s
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """`training`: run the seeding window (a training step); otherwise every worker generates to
         the end (evaluation)."""
         self.instances_at_start = len(self.manager.alive(PREEMPTIBLE))
-        self.run = self.manager.start_step(groups, params, version, self.cfg.seed_window_s if training else None)
+        self.step_started = time.monotonic()
+        self.fleet.reap()
+        if training:
+            self.seed_window_s = self.controller.seed_for(self.instances_at_start)
+        self.run = self.manager.start_step(groups, params, version, self.seed_window_s if training else None)
         return self.run.groups()
 
     def publish(self, weights, version: int) -> None:
-        """Every live worker loads the new version; killed instances are replaced by new ones at it
-        (`rollout.hybrid.respawn`)."""
-        ref = ray.put(cpu(weights))
-        self.manager.load_weights(ref, version)
-        self.joins = self.fleet.replenish(ref, version) if self.cfg.respawn else 0
+        """Put the new version in the weight store; reserved workers load it now, the others pull it."""
+        self.fleet.publish(weights, version)
 
-    def step_metrics(self) -> dict[str, float]:
-        """spot/*, migration/* and the timings the offload controller reads, for the last step."""
+    def step_metrics(self, train_s: float) -> dict[str, float]:
+        """spot/*, migration/*, weights/*, the controller's timings and decisions, for the last step.
+        `train_s`: the trainer's time from the release of the reserved resources to its last update,
+        waits for groups included."""
         stats, now = self.run.stats, time.monotonic()
+        wait_remote = float(np.mean([now - t for t in stats.last_finish.values()])) if stats.last_finish else 0.0
+        instances_now = len(self.manager.alive(PREEMPTIBLE))
+        timings = StepTimings(
+            instances=self.instances_at_start,
+            stable=instances_now == self.instances_at_start and stats.preemptions == 0,
+            wait_train_s=self.run.trainer_wait_s, wait_remote_s=wait_remote,
+            remote_s=stats.rollout_s, train_s=max(0.0, train_s - self.run.trainer_wait_s))
+        self.controller.update(timings)
+        cap = self.controller.instance_cap()
+        self.provider.set_cap(cap)
         kinds_total = sum(stats.tokens_by_kind.values()) or 1
-        return {
+        pulled = [s for _, s, _ in stats.pulls]
+        decided = {"spot/cap": float(cap)} if cap is not None else {}
+        return decided | {
             "spot/instances": float(self.instances_at_start),
+            "spot/instances_end": float(instances_now),
             "spot/preemptions": float(stats.preemptions),
-            "spot/joins": float(self.joins),  # instances that joined before this step
+            "spot/joins": float(len(stats.provision_s)),
+            "spot/instance_s": self.fleet.instance_seconds(self.step_started, now),
+            "spot/refused": float(len(stats.refused)),
             "migration/samples": float(sum(stats.migrated.values())),
             "migration/preempted": float(stats.migrated["preempted"]),
             "migration/rebalanced": float(stats.migrated["rebalanced"]),
             "migration/seed_handoff": float(stats.migrated["seed_handoff"]),
+            "migration/noticed": float(stats.migrated["noticed"]),
             "migration/wasted_tokens": float(stats.wasted_tokens),
             "migration/in_flight_at_preemption": float(stats.in_flight_at_preemption),
             "migration/fenced_tokens_dropped": float(stats.fenced_tokens_dropped),
+            "weights/pull_s": float(np.mean(pulled)) if pulled else 0.0,
+            "weights/provision_s": float(np.mean(stats.provision_s)) if stats.provision_s else 0.0,
+            "weights/bytes": float(self.fleet.manifest.nbytes),
+            "weights/pull_failures": float(stats.pull_failures),
             "rollout/preemptible_token_share": stats.tokens_by_kind[PREEMPTIBLE] / kinds_total,
+            "rollout/seed_window_s": self.seed_window_s,
+            "rollout/reserved_tokens_per_s": stats.tokens_by_kind[RESERVED] / stats.seed_s if stats.seed_s > 0 else 0.0,
             "timing_s/gen": stats.rollout_s,
             "timing_s/seed": stats.seed_s,
             "timing_s/wait_train": self.run.trainer_wait_s,
-            "timing_s/wait_remote": float(np.mean([now - t for t in stats.last_finish.values()]))
-            if stats.last_finish else 0.0,
+            "timing_s/wait_remote": wait_remote,
         }
 
     def state_dict(self) -> dict:
-        return {}
+        return {"offload": self.controller.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        pass
+        if "offload" in state:
+            self.controller.load_state_dict(state["offload"])
 
     def close(self) -> None:
-        self.preempter.stop()
+        self.provider.stop()
         if self.run is not None:
             self.run.cancel()
         self.fleet.shutdown()
-
-
-def cpu(weights: dict) -> dict:
-    return {name: t.detach().cpu() for name, t in weights.items()}

@@ -70,8 +70,10 @@ class RolloutBackend(Protocol):
     def publish(self, weights, version: int) -> None:
         """Serve `weights` as `version` from now on (called between steps)."""
 
-    def step_metrics(self) -> dict[str, float]:
-        """Backend-specific metrics of the last `generate` (e.g. spot/*, migration/*)."""
+    def step_metrics(self, train_s: float) -> dict[str, float]:
+        """Backend-specific metrics of the last training step (e.g. spot/*, migration/*). `train_s`:
+        the trainer's wall time from the release of the reserved resources to its last update (the
+        offload controller needs it)."""
 
     def state_dict(self) -> dict:
         """What a checkpoint must keep for the run to resume exactly (e.g. HistoSpec's history)."""
@@ -111,7 +113,7 @@ class ColocatedRollout:
             self.engine.drafter.invalidate()
         self._to_remember = []
 
-    def step_metrics(self) -> dict[str, float]:
+    def step_metrics(self, train_s: float) -> dict[str, float]:
         stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
         if self.history is None:
             return {}

@@ -1,0 +1,149 @@
+"""Instance providers: who decides which preemptible instances exist, on their own schedule.
+
+A provider runs in a thread of the driver. It launches instances through the `Fleet` (they join the
+manager when booted, mid-step too) and ends them with real hard kills; it never asks for more than
+the offload controller's cap (`set_cap`). The manager is told nothing about a kill; a preemption
+notice (`RolloutManager.notice`) is the only warning, as on a cloud.
+
+- `FixedPool`: keep `num_preemptible` instances, replacing killed ones at once; optional seeded
+  Poisson chaos kills (tests, demos).
+- `TraceReplay`: instances follow a spot-availability trace (`rlboost.spot.TraceReplay` decides;
+  this class acts), with optional advance notices.
+- `RayClusterPool`: the instances are the Ray nodes carrying the `preemptible` resource; one worker
+  per node, node loss is preemption, and more nodes are requested through Ray's autoscaler.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+from rlboost.hybrid.fleet import Fleet
+from rlboost.hybrid.manager import PREEMPTIBLE
+from rlboost.spot import TraceReplay
+
+TICK_S = 0.1
+
+
+class Provider:
+    """Shared loop: `tick(now)` every TICK_S seconds until `stop()`; `cap` from the controller."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self.cap: int | None = None
+        self.kills: list[str] = []
+        self.notices = 0
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
+        self.t0 = time.monotonic()
+
+    def start(self) -> Provider:
+        self.t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def set_cap(self, cap: int | None) -> None:
+        self.cap = cap
+
+    def running(self):
+        """Live instances, not yet killed or given back, by name."""
+        return self.fleet.killable()
+
+    def _run(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.fleet.reap()
+                self.tick(time.monotonic() - self.t0)
+            except Exception as e:  # noqa: BLE001 - a provider hiccup must not end the run; it is reported
+                self.errors.append(f"{type(e).__name__}: {e}")
+
+    def tick(self, now_s: float) -> None:
+        raise NotImplementedError
+
+
+class FixedPool(Provider):
+    def __init__(self, fleet: Fleet, size: int, preempt_every_s: float, seed: int, respawn: bool):
+        super().__init__(fleet)
+        self.size, self.respawn = size, respawn
+        self.every_s = preempt_every_s
+        self.rng = random.Random(seed)
+        self.next_kill = self.rng.expovariate(1.0 / preempt_every_s) if preempt_every_s > 0 else float("inf")
+
+    def tick(self, now_s: float) -> None:
+        if now_s >= self.next_kill:
+            self.next_kill = now_s + self.rng.expovariate(1.0 / self.every_s)
+            victims = self.running()
+            if victims:
+                victim = self.rng.choice(victims)
+                self.fleet.preempt(victim)
+                self.kills.append(victim.name)
+        if self.respawn:
+            target = self.size if self.cap is None else min(self.size, self.cap)
+            self.fleet.launch(target - len(self.running()) - self.fleet.starting)
+
+
+class TraceProvider(Provider):
+    def __init__(self, fleet: Fleet, replay: TraceReplay):
+        super().__init__(fleet)
+        self.replay = replay
+
+    def tick(self, now_s: float) -> None:
+        running = {h.name: h for h in self.running()}
+        actions = self.replay.step(now_s, sorted(running), self.fleet.starting, self.cap)
+        for name, kill_at in actions.notify:
+            self.fleet.manager.notice(name, max(0.0, kill_at - now_s))
+            self.notices += 1
+        for name in actions.kill:
+            if name in running:
+                self.fleet.preempt(running[name])
+                self.kills.append(name)
+        for name in actions.release:
+            if name in running:
+                self.fleet.release(running[name])
+        self.fleet.launch(actions.start)
+
+
+
+class RayClusterPool(Provider):
+    """Instances are the cluster's nodes with the `preemptible` resource. A node that appears gets a
+    worker (if the cap allows); a node that vanishes takes its worker with it, and the manager finds
+    out from the node table. The cap is forwarded to the autoscaler as resource demand."""
+
+    def __init__(self, fleet: Fleet):
+        super().__init__(fleet)
+        self.served: set[str] = set()
+        self.requested: int | None = None
+
+    def tick(self, now_s: float) -> None:
+        import ray
+
+        nodes = [n for n in ray.nodes() if n["Alive"] and n.get("Resources", {}).get(PREEMPTIBLE, 0) > 0]
+        self.served &= {n["NodeID"] for n in nodes}
+        for node in nodes:
+            if node["NodeID"] in self.served:
+                continue
+            if self.cap is not None and len(self.served) >= self.cap:
+                break
+            self.served.add(node["NodeID"])
+            self.fleet.launch_on(node["NodeID"])
+        if self.cap is not None and self.cap != self.requested:
+            from ray.autoscaler.sdk import request_resources
+
+            request_resources(bundles=[{PREEMPTIBLE: 1}] * self.cap)
+            self.requested = self.cap
+
+
+def make_provider(cfg, fleet: Fleet, seed: int) -> Provider:
+    """The provider of `rollout.hybrid.provider`."""
+    if cfg.provider == "trace":
+        return TraceProvider(fleet, TraceReplay.from_config(cfg.trace))
+    if cfg.provider == "ray_cluster":
+        return RayClusterPool(fleet)
+    return FixedPool(fleet, cfg.num_preemptible, cfg.preempt_every_s, seed, cfg.respawn)

@@ -1,0 +1,100 @@
+"""Instance providers acting on real processes and Ray nodes: trace replay starts instances when the
+trace offers them, hard-kills running ones when it drops, warns ahead when asked, never exceeds the
+controller's cap; the Ray-cluster pool serves the nodes that carry the `preemptible` resource."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+from hybrid_util import check_invariants, reference, run_step, start_fleet
+from rlboost.hybrid.fleet import MANY
+from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.providers import RayClusterPool, TraceProvider
+from rlboost.spot import SpotTrace, TraceReplay
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
+    # two instances, one vanishes at 9 s (warned 3 s ahead), one comes back at 14 s
+    trace = SpotTrace(times_s=(0.0, 9.0, 14.0), counts=(2, 1, 2))
+    fleet, _ = start_fleet(tmp_path, num_preemptible=0)
+    provider = TraceProvider(fleet, TraceReplay(trace, seed=0, notice_s=3.0))
+    try:
+        provider.set_cap(1)  # the controller allows one: the trace's second is not asked for
+        provider.start()
+        wait_for(lambda: len(fleet.killable()) == 1, 30, "the first instance")
+        time.sleep(1.0)
+        assert len(fleet.killable()) + fleet.starting == 1
+        provider.set_cap(None)
+        wait_for(lambda: len(fleet.killable()) == 2, 30, "the second instance")
+        before = {h.name: h for h in fleet.killable()}
+        wait_for(lambda: provider.notices == 1, 15, "the notice")
+        assert provider.kills == []  # warned, not yet killed
+        noticed = [h for h in before.values() if h.noticed]
+        assert len(noticed) == 1 and not noticed[0].accepting
+        wait_for(lambda: provider.kills, 15, "the kill")
+        assert time.monotonic() - provider.t0 >= 9.0
+        (victim,) = provider.kills
+        assert victim == noticed[0].name
+        wait_for(lambda: not alive(before[victim].pid), 5, "the victim's process to die")  # a hard kill
+        wait_for(lambda: len(fleet.killable()) == 2 and victim not in {h.name for h in fleet.killable()}, 40,
+                 "the replacement at 14 s")
+        assert provider.errors == []
+    finally:
+        provider.stop()
+        fleet.shutdown()
+
+
+def test_the_ray_cluster_pool_serves_nodes_with_the_preemptible_resource(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    from rlboost.hybrid.fleet import FAST_NODE_HEALTH
+
+    ref = reference()
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": os.cpu_count(), "resources": {RESERVED: MANY}, "include_dashboard": False,
+        "_system_config": FAST_NODE_HEALTH})
+    try:
+        fleet, _ = start_fleet(tmp_path, num_preemptible=0, provider="ray_cluster", ray_address=cluster.address)
+        pool = RayClusterPool(fleet)
+        try:
+            pool.set_cap(1)
+            pool.start()
+            first, second = (cluster.add_node(num_cpus=0, resources={PREEMPTIBLE: 1}) for _ in range(2))
+            wait_for(lambda: len(fleet.killable()) == 1, 40, "a worker on a preemptible node")
+            time.sleep(1.0)
+            assert len(fleet.killable()) == 1  # the cap: one node stays unused
+            (h,) = fleet.killable()
+            assert h.node_id in {first.node_id, second.node_id}
+            pool.set_cap(2)
+            wait_for(lambda: len(fleet.killable()) == 2, 40, "a worker on the second node")
+            fleet.wait_ready()
+            gone = next(n for n in (first, second) if n.node_id == h.node_id)
+            out, run = run_step(fleet, kills=())  # one step with both, then the node goes
+            check_invariants(out, run, ref)
+            cluster.remove_node(gone, allow_graceful=False)
+            os.kill(h.pid, 9)  # a vanished VM takes its processes with it
+            out, run = run_step(fleet)
+            check_invariants(out, run, ref)
+            assert h.fenced and run.stats.preemptions == 1
+        finally:
+            pool.stop()
+            fleet.shutdown()
+    finally:
+        cluster.shutdown()
