@@ -145,6 +145,68 @@ def test_report_plots_preemptible_instances_of_hybrid_runs(tmp_path):
     assert not (tmp_path / "report" / "spot.png").exists()
 
 
+def hybrid_lines() -> list[dict]:
+    """Four hybrid steps: a preemption of two instances at step 2, a join at step 3, a cap from step 2."""
+    lines = []
+    for s in range(1, 5):
+        line = {"step": s, "spot/instances": 3.0 - (s == 3), "spot/instances_end": 3.0 - (s == 2),
+                "spot/preemptions": 2.0 * (s == 2), "spot/joins": float(s in (1, 3)),
+                "migration/samples": 4.0 * (s == 2), "migration/wasted_tokens": 1500.0 * (s == 2) + 10.0 * (s == 4),
+                "weights/pull_s": [0.0, 2.0, 0.0, 4.0][s - 1], "weights/provision_s": 30.0 * (s in (1, 3)),
+                "rollout/seed_window_s": 5.0 + s, "timing_s/wait_train": 0.5 * s, "timing_s/wait_remote": 1.0,
+                "timing_s/step": 10.0, "cost/tokens_per_usd": 40_000.0 + 1000 * s,
+                "cost/colocated_est_tokens_per_usd": 30_000.0 + 2000 * s, "cost/total_usd": 0.75 * s,
+                "cost/total_tokens_per_usd": 42_500.0}
+        if s >= 2:
+            line["spot/cap"] = 3.0
+        lines.append(line)
+    return lines
+
+
+def summary_rows(text: str) -> dict[str, str]:
+    return {k.strip(): v.strip() for k, v in (line.strip("|").split("|")[:2] for line in text.splitlines()
+                                              if line.startswith("| "))}
+
+
+def test_report_of_a_hybrid_run_plots_offload_and_cost(tmp_path):
+    lines = hybrid_lines()
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = write_report(tmp_path).read_text()
+    for name in ("spot.png", "offload.png", "cost.png"):
+        png = tmp_path / "report" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 1000
+        assert f"]({name})" in text
+    assert text.index("](spot.png)") < text.index("](offload.png)") < text.index("](cost.png)")
+    rows = summary_rows(text)
+    assert rows["total preemptions"] == f"{sum(line['spot/preemptions'] for line in lines):g}" == "2"
+    assert rows["total instance joins"] == "2"
+    assert rows["samples migrated"] == "4"
+    assert rows["tokens wasted"] == "1,510"
+    assert rows["mean weight pull time"] == "3 s (over 2 steps)"  # steps without a pull don't count
+    assert rows["mean provisioning time"] == "30 s (over 2 steps)"
+    assert rows["total cost"] == "$3.00"  # the last step's cumulative cost, not a sum
+    assert rows["tokens per $"] == "42,500 tokens/$ · colocated (estimated) 35,000 tokens/$ (×1.21)"
+
+
+def test_report_of_a_colocated_run_plots_cost_only(tmp_path):
+    lines = [{"step": s, "timing_s/step": 2.0, "cost/tokens_per_usd": 20_000.0, "cost/total_usd": 0.01 * s,
+              "cost/total_tokens_per_usd": 20_000.0} for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = write_report(tmp_path).read_text()
+    assert sorted(p.name for p in (tmp_path / "report").glob("*.png")) == ["cost.png", "time_breakdown.png"]
+    assert "](cost.png)" in text and "spot.png" not in text and "offload.png" not in text
+    rows = summary_rows(text)
+    assert rows["total cost"] == "$0.020" and rows["tokens per $"] == "20,000 tokens/$"
+    assert not {"total preemptions", "tokens wasted", "mean weight pull time"} & rows.keys()
+
+
+def test_format_usd():
+    from rlboost.tracking.report import format_usd
+
+    assert [format_usd(v) for v in (1234.5, 123.4, 12.345, 1.2, 0.01234, 0)] \
+        == ["$1,234", "$123", "$12.35", "$1.20", "$0.012", "$0.00"]
+
+
 def test_report_without_metrics_raises(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         write_report(tmp_path)

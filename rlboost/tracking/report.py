@@ -29,8 +29,21 @@ LENGTH_MAX = "response_length/max"
 LENGTH_MIN = "response_length/min"
 STEP_TIME = "timing_s/step"
 INSTANCES = "spot/instances"
+INSTANCES_END = "spot/instances_end"
+CAP = "spot/cap"
 PREEMPTIONS = "spot/preemptions"
+JOINS = "spot/joins"
 MIGRATED = "migration/samples"
+WASTED = "migration/wasted_tokens"
+PULL = "weights/pull_s"
+PROVISION = "weights/provision_s"
+SEED_WINDOW = "rollout/seed_window_s"
+WAIT_TRAIN = "timing_s/wait_train"
+WAIT_REMOTE = "timing_s/wait_remote"
+TOKENS_PER_USD = "cost/tokens_per_usd"
+COLOCATED_EST = "cost/colocated_est_tokens_per_usd"
+TOTAL_USD = "cost/total_usd"
+TOTAL_TOKENS_PER_USD = "cost/total_tokens_per_usd"
 TIMING_PREFIX = "timing_s/"
 THROUGHPUT = "perf/throughput"
 
@@ -88,6 +101,8 @@ def write_report(run_dir: Path, title: str = "") -> Path:
         ("Response length", "response_length.png", plot_response_length),
         ("Time breakdown", "time_breakdown.png", plot_time_breakdown),
         ("Preemptible instances", "spot.png", plot_spot),
+        ("Offload controller", "offload.png", plot_offload),
+        ("Cost", "cost.png", plot_cost),
     ]
     for heading, file_name, plot in plots:
         figure = plot(rows)
@@ -136,23 +151,64 @@ def summary(rows: Rows) -> list[tuple[str, str]]:
     _, throughput = series(rows, THROUGHPUT)
     if throughput:
         table.append((f"mean {THROUGHPUT}", f"{format_number(sum(throughput) / len(throughput))} tokens/s"))
+    # Hybrid runs: the preemptible fleet. Colocated runs log none of these, so get none of the rows.
+    for label, name in (("total preemptions", PREEMPTIONS), ("total instance joins", JOINS),
+                        ("samples migrated", MIGRATED), ("tokens wasted", WASTED)):
+        _, values = series(rows, name)
+        if values:
+            table.append((label, format_number(sum(values))))
+    for label, name in (("mean weight pull time", PULL), ("mean provisioning time", PROVISION)):
+        _, values = series(rows, name)
+        if values:  # steps without a pull (or a join) log 0; they are not pulls that took no time
+            done = [v for v in values if v > 0]
+            table.append((label, f"{format_number(sum(done) / len(done))} s (over {len(done)} steps)"
+                                 if done else "none"))
+    _, total_usd = series(rows, TOTAL_USD)
+    if total_usd:
+        table.append(("total cost", format_usd(total_usd[-1])))
+    _, per_usd = series(rows, TOTAL_TOKENS_PER_USD)
+    _, estimated = series(rows, COLOCATED_EST)
+    if per_usd or estimated:
+        parts = [f"{format_number(per_usd[-1])} tokens/$"] if per_usd else []
+        if estimated:
+            mean_estimate = sum(estimated) / len(estimated)
+            ratio = f" (×{per_usd[-1] / mean_estimate:.2f})" if per_usd and mean_estimate > 0 else ""
+            parts.append(f"colocated (estimated) {format_number(mean_estimate)} tokens/${ratio}")
+        table.append(("tokens per $", " · ".join(parts)))
     return table
+
+
+def format_usd(value: float) -> str:
+    """Dollars with 2–4 significant digits: $1,234 · $123 · $12.35 · $1.20 · $0.012."""
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    if value >= 100:
+        text = f"{value:,.0f}"
+    elif value >= 1 or value == 0:
+        text = f"{value:.2f}"
+    else:
+        text = f"{value:#.2g}"
+    return f"{sign}${text}"
 
 
 # ---- plots ---------------------------------------------------------------------------------------
 
 def _axes(title: str, ylabel: str) -> tuple[Figure, Axes]:
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     figure = Figure(figsize=(8, 4.5), dpi=120, layout="constrained")
     ax = figure.add_subplot()
+    _style(ax, title, ylabel)
+    return figure, ax
+
+
+def _style(ax: Axes, title: str, ylabel: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return figure, ax
 
 
 def _single_step_axis(ax: Axes, steps: list[int]) -> None:
@@ -250,13 +306,24 @@ def plot_time_breakdown(rows: Rows) -> Figure | None:
 
 
 def plot_spot(rows: Rows) -> Figure | None:
-    """Hybrid runs: preemptible instances at each step's start, steps with preemptions marked (with
-    their count), and the samples that migrated, on a second axis."""
+    """Hybrid runs: preemptible instances at each step's start, and at its end (thin), under the
+    controller's cap (dashed); steps with preemptions marked (with their count); the samples that
+    migrated as bars on a second axis, with the tokens wasted by preemptions written over them."""
     steps, instances = series(rows, INSTANCES)
     if not steps:
         return None
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
     figure, ax = _axes("Preemptible instances", "instances")
     ax.step(steps, instances, where="mid", color="tab:blue", label=INSTANCES)
+    end_steps, ends = series(rows, INSTANCES_END)
+    if ends:
+        ax.plot(end_steps, ends, color="tab:cyan", linewidth=0.9, label=f"{INSTANCES_END} (step end)")
+    cap_steps, caps = series(rows, CAP)
+    if caps:
+        ax.step(cap_steps, caps, where="mid", color="tab:gray", linestyle="--", linewidth=1.2, label=CAP)
     hit = [(step, rows[step][PREEMPTIONS]) for step in steps if rows[step].get(PREEMPTIONS, 0) > 0]
     if hit:
         ax.scatter([s for s, _ in hit], [rows[s][INSTANCES] for s, _ in hit], marker="x", color="tab:red",
@@ -264,22 +331,113 @@ def plot_spot(rows: Rows) -> Figure | None:
         for step, count in hit:
             ax.annotate(f"{count:g}", (step, rows[step][INSTANCES]), textcoords="offset points", xytext=(4, 6),
                         color="tab:red", fontsize="small")
-    ax.set_ylim(bottom=0, top=max(instances) + 1)
-    from matplotlib.ticker import MaxNLocator
-
+    ax.set_ylim(bottom=0, top=max(instances + ends + caps) + 1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     migrated_steps, migrated = series(rows, MIGRATED)
+    wasted_steps, wasted = series(rows, WASTED)
     handles, labels = ax.get_legend_handles_labels()
-    if migrated:
+    if migrated or any(w > 0 for w in wasted):
         twin = ax.twinx()
-        twin.bar(migrated_steps, migrated, width=0.6, alpha=0.25, color="tab:orange")
+        # The instance lines and markers over the bars: the first axes drawn on top, see-through.
+        ax.set_zorder(twin.get_zorder() + 1)
+        ax.patch.set_visible(False)
         twin.set_ylabel("migrated samples")
-        from matplotlib.patches import Patch
-
-        handles.append(Patch(color="tab:orange", alpha=0.25))
-        labels.append(MIGRATED)
+        twin.set_ylim(bottom=0, top=max(migrated, default=0) * 1.25 or 1)
+        twin.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if migrated:
+            twin.bar(migrated_steps, migrated, width=0.6, alpha=0.25, color="tab:orange")
+            handles.append(Patch(color="tab:orange", alpha=0.25))
+            labels.append(MIGRATED)
+        spilled = [(step, value) for step, value in zip(wasted_steps, wasted) if value > 0]
+        if spilled:
+            # Tokens and samples share no scale: the tokens are written over the bars, not drawn.
+            if len(steps) <= _MAX_MARKERS:  # on long runs the numbers would pile up
+                for step, value in spilled:
+                    twin.annotate(format_number(value), (step, rows[step].get(MIGRATED, 0.0)),
+                                  textcoords="offset points", xytext=(0, 2), ha="center", va="bottom",
+                                  color="saddlebrown", fontsize="x-small")
+                label = f"{WASTED} (over the bars; total {format_number(sum(wasted))})"
+            else:
+                label = f"{WASTED}: total {format_number(sum(wasted))} over {len(spilled)} steps"
+            handles.append(Line2D([], [], linestyle="none", marker="$n$", color="saddlebrown"))
+            labels.append(label)
     _single_step_axis(ax, steps)
-    ax.legend(handles, labels, loc="upper left", fontsize="small")
+    # Below the plot: at the top left it would hide the instance lines, which sit near the top.
+    figure.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small")
+    return figure
+
+
+def plot_offload(rows: Rows) -> Figure | None:
+    """Hybrid runs: the offload controller's seeding window T_seed per step with the idle times it
+    balances (the trainer waiting for samples, the instances waiting for weights); below it, when the
+    run pulled weights, the weight pull and instance provisioning times at the steps that had them."""
+    seed_steps, seeds = series(rows, SEED_WINDOW)
+    if not seed_steps:
+        return None
+    from matplotlib.figure import Figure
+
+    weights = {name: [(s, v) for s, v in zip(*series(rows, name)) if v > 0] for name in (PULL, PROVISION)}
+    weights = {name: points for name, points in weights.items() if points}
+    figure = Figure(figsize=(8, 6.5 if weights else 4.5), dpi=120, layout="constrained")
+    if weights:
+        top, bottom = figure.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    else:
+        top, bottom = figure.add_subplot(), None
+    _style(top, "Offload controller", "seconds")
+    top.plot(seed_steps, seeds, color="black", marker=_marker(len(seed_steps)), markersize=3,
+             label=f"{SEED_WINDOW} (T_seed)")
+    for name, color in ((WAIT_TRAIN, "tab:red"), (WAIT_REMOTE, "tab:purple")):
+        steps, values = series(rows, name)
+        if values:
+            top.plot(steps, values, color=color, linewidth=1.0, alpha=0.85, marker=_marker(len(steps)),
+                     markersize=2, label=name)
+    top.set_ylim(bottom=0)
+    top.legend(loc="best", fontsize="small")
+    shown = list(seed_steps)
+    if bottom is not None:
+        top.set_xlabel("")
+        _style(bottom, "Weights (steps that pulled or provisioned)", "seconds")
+        bottom.title.set_fontsize("medium")
+        for (name, points), color in zip(weights.items(), ("tab:green", "tab:olive")):
+            steps, values = [s for s, _ in points], [v for _, v in points]
+            bottom.plot(steps, values, color=color, linewidth=0.8, alpha=0.8,
+                        marker="o" if len(steps) <= _MAX_MARKERS else ".", markersize=3, label=name)
+            shown += steps
+        bottom.set_ylim(bottom=0)
+        bottom.legend(loc="best", fontsize="small")
+    _single_step_axis(top, shown)
+    return figure
+
+
+def plot_cost(rows: Rows) -> Figure | None:
+    """Tokens per dollar per step as measured and, for hybrid runs, as estimated for a colocated run
+    (the reserved GPUs alone at their measured seeding speed); the cumulative cost on a second axis."""
+    steps, per_usd = series(rows, TOKENS_PER_USD)
+    if not steps:
+        return None
+    from matplotlib.ticker import FuncFormatter
+
+    figure, ax = _axes("Cost", "tokens per $")
+    est_steps, estimated = series(rows, COLOCATED_EST)
+    ax.plot(steps, per_usd, color="tab:blue", marker=_marker(len(steps)), markersize=3,
+            label=f"{TOKENS_PER_USD} ({'hybrid, ' if estimated else ''}measured)")
+    if estimated:
+        ax.plot(est_steps, estimated, color="tab:gray", linestyle="--", marker=_marker(len(est_steps)),
+                markersize=3, label=f"{COLOCATED_EST} (colocated, estimated)")
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_number(value)))
+    handles, labels = ax.get_legend_handles_labels()
+    usd_steps, usd = series(rows, TOTAL_USD)
+    if usd:
+        twin = ax.twinx()
+        twin.plot(usd_steps, usd, color="tab:green", linewidth=1.2, alpha=0.8, label=f"{TOTAL_USD} (cumulative)")
+        twin.set_ylabel("total cost")
+        twin.set_ylim(bottom=0, top=max(usd) * 1.1 or 1)
+        twin.yaxis.set_major_formatter(FuncFormatter(lambda value, _: format_usd(value)))
+        more_handles, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    _single_step_axis(ax, steps + est_steps + usd_steps)
+    ax.legend(handles, labels, loc="lower right", fontsize="small")
     return figure
 
 
