@@ -3,6 +3,7 @@
     rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
     rlboost bench hybrid [--json PATH] [--preemptible N] [--kills K] [--max-tokens T] ...
     rlboost bench spec [--json PATH] [--model M] [--batches 1,8,32] [--temperatures 1.0,0.6] ...
+    rlboost bench weights [--json PATH] [--model M] [--workers 1,2,4] [--bucket-mb MB]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost train [CONFIG.yaml] [key=value ...]
 """
@@ -50,6 +51,15 @@ def _bench_hybrid(args: argparse.Namespace) -> int:
                             stream_interval=args.stream_interval, seed=args.seed)
     return _run_bench("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs...",
                       bench_hybrid, cfg, render, args.json)
+
+
+def _bench_weights(args: argparse.Namespace) -> int:
+    from rlboost.bench.weights import WeightsBenchConfig, bench_weights, render
+
+    cfg = WeightsBenchConfig(model=args.model, workers=[int(n) for n in args.workers.split(",")],
+                             bucket_mb=args.bucket_mb)
+    return _run_bench("benchmarking: bare fetches, then instances joining and pulling, for each pool size...",
+                      bench_weights, cfg, render, args.json)
 
 
 def _bench_spec(args: argparse.Namespace) -> int:
@@ -154,6 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--seed", type=int, default=sdefaults.seed)
     spec.add_argument("--json", help="write the results to this JSON file")
     spec.set_defaults(func=_bench_spec)
+
+    from rlboost.bench.weights import WeightsBenchConfig
+
+    wdefaults = WeightsBenchConfig()
+    weights = bench.add_parser("weights", help="instances joining together: provisioning time vs the transfer floor")
+    weights.add_argument("--model", default=wdefaults.model)
+    weights.add_argument("--workers", default=",".join(map(str, wdefaults.workers)), help="comma-separated pool sizes")
+    weights.add_argument("--bucket-mb", type=float, default=wdefaults.bucket_mb)
+    weights.add_argument("--json", help="write the results to this JSON file")
+    weights.set_defaults(func=_bench_weights)
 
     gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
     gen.add_argument("config", nargs="?", help="YAML config (optional)")
