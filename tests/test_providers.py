@@ -31,10 +31,10 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 
 def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
-    # two instances, one vanishes at 9 s (warned 3 s ahead), one comes back at 14 s
-    trace = SpotTrace(times_s=(0.0, 9.0, 14.0), counts=(2, 1, 2))
+    # two instances, one vanishes at 16 s (warned 4 s ahead), one comes back at 20 s
+    trace = SpotTrace(times_s=(0.0, 16.0, 20.0), counts=(2, 1, 2))
     fleet, _ = start_fleet(tmp_path, num_preemptible=0)
-    provider = TraceProvider(fleet, TraceReplay(trace, seed=0, notice_s=3.0))
+    provider = TraceProvider(fleet, TraceReplay(trace, seed=0, notice_s=4.0))
     try:
         provider.set_cap(1)  # the controller allows one: the trace's second is not asked for
         provider.start()
@@ -44,17 +44,18 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
         provider.set_cap(None)
         wait_for(lambda: len(fleet.killable()) == 2, 30, "the second instance")
         before = {h.name: h for h in fleet.killable()}
-        wait_for(lambda: provider.notices == 1, 15, "the notice")
+        wait_for(lambda: provider.notices == 1, 20, "the notice")
+        assert time.monotonic() - provider.t0 < 16.0
         assert provider.kills == []  # warned, not yet killed
         noticed = [h for h in before.values() if h.noticed]
         assert len(noticed) == 1 and not noticed[0].accepting
         wait_for(lambda: provider.kills, 15, "the kill")
-        assert time.monotonic() - provider.t0 >= 9.0
+        assert time.monotonic() - provider.t0 >= 16.0
         (victim,) = provider.kills
         assert victim == noticed[0].name
         wait_for(lambda: not alive(before[victim].pid), 5, "the victim's process to die")  # a hard kill
         wait_for(lambda: len(fleet.killable()) == 2 and victim not in {h.name for h in fleet.killable()}, 40,
-                 "the replacement at 14 s")
+                 "the replacement at 20 s")
         assert provider.errors == []
     finally:
         provider.stop()
@@ -62,21 +63,23 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
 
 
 def test_the_ray_cluster_pool_serves_nodes_with_the_preemptible_resource(tmp_path):
-    from ray.cluster_utils import Cluster
+    import ray
 
     from rlboost.hybrid.fleet import FAST_NODE_HEALTH
+    from rlboost.hybrid.ray_setup import RaySecurityConfig, add_node, start_local_cluster
 
     ref = reference()
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": os.cpu_count(), "resources": {RESERVED: MANY}, "include_dashboard": False,
-        "_system_config": FAST_NODE_HEALTH})
+    security = RaySecurityConfig()
+    # an existing cluster (token auth, loopback) that the run joins by address
+    cluster = start_local_cluster(security, {RESERVED: MANY}, os.cpu_count(), FAST_NODE_HEALTH)
+    ray.shutdown()
     try:
         fleet, _ = start_fleet(tmp_path, num_preemptible=0, provider="ray_cluster", ray_address=cluster.address)
         pool = RayClusterPool(fleet)
         try:
             pool.set_cap(1)
             pool.start()
-            first, second = (cluster.add_node(num_cpus=0, resources={PREEMPTIBLE: 1}) for _ in range(2))
+            first, second = (add_node(cluster, security, num_cpus=0, resources={PREEMPTIBLE: 1}) for _ in range(2))
             wait_for(lambda: len(fleet.killable()) == 1, 40, "a worker on a preemptible node")
             time.sleep(1.0)
             assert len(fleet.killable()) == 1  # the cap: one node stays unused

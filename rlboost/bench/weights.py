@@ -22,6 +22,7 @@ from rlboost.engine import EngineConfig
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import MANY, Fleet
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager
+from rlboost.hybrid.ray_setup import add_node
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
 
@@ -77,7 +78,7 @@ def bench_weights(cfg: WeightsBenchConfig) -> dict:
 
 def _floor(fleet: Fleet, refs: list, n: int) -> float:
     """Seconds for `n` fresh nodes to fetch the buckets at once (the slowest of them)."""
-    nodes = [fleet.cluster.add_node(num_cpus=0, resources={"probe": MANY}) for _ in range(n)]
+    nodes = [add_node(fleet.cluster, fleet.cfg.ray, num_cpus=0, resources={"probe": MANY}) for _ in range(n)]
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

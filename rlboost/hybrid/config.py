@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlboost.hybrid.ray_setup import RaySecurityConfig
 from rlboost.hybrid.weights import WeightsConfig
 from rlboost.policies.offload import OffloadConfig
 from rlboost.spot.trace import TraceConfig
@@ -63,6 +64,8 @@ class HybridConfig:
     """The adaptive offload controller: T_seed per step and the instance cap."""
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     """The weight store: bucket size, pull timeout and retries."""
+    ray: RaySecurityConfig = field(default_factory=RaySecurityConfig)
+    """Ray's token authentication and the address its servers listen on (127.0.0.1 by default)."""
     ledger_dir: str | None = None
     """Diagnostics: each worker appends its per-request generated-token counts after every engine
     step to a file here, so a test can measure tokens lost to a kill exactly. Off by default."""
@@ -96,7 +99,7 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.provider={self.provider!r}; choose one of {', '.join(PROVIDERS)}")
         if self.provider == "ray_cluster" and not self.ray_address:
             raise ValueError("rollout.hybrid.provider=ray_cluster needs rollout.hybrid.ray_address (a running cluster)")
-        for section in (self.trace, self.offload, self.weights):
+        for section in (self.trace, self.offload, self.weights, self.ray):
             section.validate()
         if self.worker_threads < 1:
             raise ValueError(f"rollout.hybrid.worker_threads must be >= 1, got {self.worker_threads}")

@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid import weights as weight_store
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, WorkerHandle, first_line
+from rlboost.hybrid.ray_setup import add_node, start_local_cluster, start_local_ray
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
@@ -57,15 +58,9 @@ class Fleet:
         if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
             ray.init(address=cfg.ray_address, logging_level="ERROR")
         elif cfg.instances == "nodes":
-            from ray.cluster_utils import Cluster
-
-            self.cluster = Cluster(initialize_head=True, head_node_args={
-                "num_cpus": os.cpu_count(), "resources": {RESERVED: MANY}, "include_dashboard": False,
-                "_system_config": FAST_NODE_HEALTH})
-            ray.init(address=self.cluster.address, logging_level="ERROR")
+            self.cluster = start_local_cluster(cfg.ray, {RESERVED: MANY}, os.cpu_count(), FAST_NODE_HEALTH)
         else:
-            ray.init(address="local", num_cpus=os.cpu_count(), resources={RESERVED: MANY, PREEMPTIBLE: MANY},
-                     include_dashboard=False, logging_level="ERROR")
+            start_local_ray(cfg.ray, {RESERVED: MANY, PREEMPTIBLE: MANY}, os.cpu_count())
 
     def publish(self, state: dict, version: int) -> weight_store.WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved
@@ -84,11 +79,11 @@ class Fleet:
             with self._lock:
                 self._counter += 1
                 name = f"{kind[:4]}-{self._counter}"
-            options: dict = {"num_cpus": 0, "max_concurrency": 4, "name": None}
+            options: dict = {"num_cpus": 0, "max_concurrency": 8, "name": None}
             if node_id is not None:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             elif kind == PREEMPTIBLE and self.cluster is not None:
-                node = self.cluster.add_node(num_cpus=0, resources={PREEMPTIBLE: MANY})
+                node = add_node(self.cluster, self.cfg.ray, num_cpus=0, resources={PREEMPTIBLE: MANY})
                 self.nodes[name] = node
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
             else:

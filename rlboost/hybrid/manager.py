@@ -73,7 +73,7 @@ class WorkerHandle:
     """Monotonic time the instance was asked for: provisioning time runs from here to its first ready pull."""
     ready: float | None = None
     """When it first held the current weights."""
-    pull: PullCall | None = None
+    pull: Call | None = None
     pull_failures: int = 0
     noticed: bool = False
     """A preemption notice came: no more work, its samples were taken back."""
@@ -87,6 +87,9 @@ class WorkerHandle:
     """Sample uids running (or queued) on it."""
     generated: dict[str, int] = field(default_factory=dict)
     last_report: float = 0.0
+    """Last sign of life: a report on its stream, or an answered ping."""
+    ping: Call | None = None
+    """A liveness probe in flight (sent when the stream has been quiet for a heartbeat interval)."""
     last_finish: float | None = None
     profile: ThroughputProfile = field(default_factory=ThroughputProfile)
 
@@ -96,10 +99,12 @@ class WorkerHandle:
 
 
 @dataclass
-class PullCall:
+class Call:
+    """A control call in flight: a weight pull (of `version`) or a liveness ping."""
+
     ref: object
-    version: int
     sent: float
+    version: int = -1
 
 
 @dataclass
@@ -286,8 +291,8 @@ class RolloutManager:
     def _start_pull(self, h: WorkerHandle) -> None:
         if h.pull is not None:
             return  # one pull at a time: poll_pulls starts the next once this one answered
-        h.pull = PullCall(h.actor.pull.remote(self.manifest, self.pull_timeout_s), self.manifest.version,
-                          time.monotonic())
+        h.pull = Call(h.actor.pull.remote(self.manifest, self.pull_timeout_s), time.monotonic(),
+                      self.manifest.version)
 
     def reap(self) -> list[WorkerHandle]:
         """Kill and forget workers declared dead (a fenced worker may still be running)."""
@@ -418,8 +423,20 @@ class StepRun:
             if name in self.m.workers:
                 self._dead(self.m.workers[name], reason)
         for h in self.m.alive():
+            # A quiet stream may just be a long engine step (a big prefill on one CPU thread): a ping,
+            # answered by another thread of the worker, tells that from a frozen or dead process.
+            if h.ping is not None and ray.wait([h.ping.ref], timeout=0)[0]:
+                try:
+                    ray.get(h.ping.ref)
+                    h.last_report = max(h.last_report, h.ping.sent)
+                except ray.exceptions.RayError as e:
+                    self._dead(h, f"it died: {first_line(e)}")
+                    continue
+                h.ping = None
             if now - h.last_report > self.cfg.heartbeat_timeout_s:
-                self._dead(h, f"no report for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)")
+                self._dead(h, f"no sign of life for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)")
+            elif h.ping is None and now - h.last_report > self.cfg.heartbeat_interval_s:
+                h.ping = Call(h.actor.ping.remote(), now)
         if now - self._last_node_check >= NODE_CHECK_S:
             self._last_node_check = now
             live_nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}

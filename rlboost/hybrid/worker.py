@@ -100,6 +100,10 @@ class RolloutWorker:
         return WorkerInfo(os.getpid(), node, self.engine.config.max_num_seqs, self.engine.weight_version,
                           self.fingerprint, self.checksum)
 
+    def ping(self) -> int:
+        """Liveness: answered by a free actor thread even while the engine is in a long step."""
+        return os.getpid()
+
     # ---- control calls ---------------------------------------------------------------------------
 
     def submit(self, requests: list[tuple[str, list[int], SamplingParams]]) -> None:

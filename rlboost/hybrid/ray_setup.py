@@ -1,0 +1,251 @@
+"""Starting the local Ray of a hybrid run securely (`rollout.hybrid.ray.*`).
+
+Two rules, both on by default:
+
+* Token authentication. Every gRPC server of Ray (GCS, raylets, object managers, workers) and the
+  HTTP servers of its agents reject a call that does not carry the cluster's token. The token is
+  handed to the driver and, through the environment they inherit, to every process Ray starts:
+  `RAY_AUTH_MODE=token` plus `RAY_AUTH_TOKEN` (a fresh random token per run unless the
+  environment already names one with `RAY_AUTH_TOKEN` or `RAY_AUTH_TOKEN_PATH`). No token file is
+  written. If this Ray cannot authenticate, starting fails instead of running open.
+* Loopback only. Ray picks between two bindings from the node's IP address alone: a node whose
+  address is 127.0.0.1 has its servers listen on 127.0.0.1 (GCS, raylet, object manager, core
+  workers, dashboard agent, metrics agent and exporter, runtime-env agent); any other address
+  makes them listen on every interface. So the node is given 127.0.0.1, and this process's Ray is
+  told that local Ray clusters are single-machine (`RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`), without
+  which `ray.init(address="127.0.0.1:...")` rewrites the address to the machine's external IP
+  and cannot reach the loopback-only GCS. The dashboard stays off and its (module-less) head
+  process listens nowhere; Ray's usage-stats reporting is turned off.
+
+Both start functions change this process's environment (`os.environ`) so that every Ray process
+started later, including nodes added with `add_node`, gets the same settings.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import ray
+
+if TYPE_CHECKING:
+    from ray.cluster_utils import Cluster
+
+logger = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+AUTH_MODE_ENV = "RAY_AUTH_MODE"
+AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
+SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+"""Ray's switch for multi-machine clusters; 0 makes it take 127.0.0.1 as this node's address."""
+USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
+
+
+@dataclass
+class RaySecurityConfig:
+    auth_token: bool = True
+    """Ray token authentication: every call to a Ray server must carry the cluster's token (a random
+    one per run unless RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH names one). Off only for debugging."""
+    bind_host: str = LOOPBACK
+    """The IP address of the local Ray node. 127.0.0.1 (the default) keeps every Ray server on the
+    loopback interface; change only to run across machines: any other address is the one Ray
+    advertises, and its servers then listen on all interfaces (Ray cannot bind a single external IP)."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if not isinstance(self.auth_token, bool):
+            raise ValueError(f"rollout.hybrid.ray.auth_token must be true or false, got {self.auth_token!r}")
+        try:
+            ip = ipaddress.ip_address(str(self.bind_host))
+        except ValueError:
+            raise ValueError(f"rollout.hybrid.ray.bind_host must be an IP address (Ray takes no host names), "
+                             f"got {self.bind_host!r}") from None
+        if ip.is_unspecified:
+            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r} is not an address other machines "
+                             f"can reach; give this machine's IP (Ray then listens on all interfaces) "
+                             f"or {LOOPBACK}")
+        if ip.is_loopback and str(ip) != LOOPBACK:
+            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r}: Ray keeps its servers on the "
+                             f"loopback interface only for {LOOPBACK}; use that")
+
+    @property
+    def loopback(self) -> bool:
+        return self.bind_host == LOOPBACK
+
+
+def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int) -> None:
+    """Start a one-node local Ray and connect this process to it, per `security`: token auth on,
+    servers on `bind_host`, dashboard off, only errors logged."""
+    _prepare(security)
+    ray.init(address="local", num_cpus=num_cpus, resources=dict(resources), include_dashboard=False,
+             dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR")
+    try:
+        _verify_started(security)
+    except BaseException:
+        ray.shutdown()
+        raise
+
+
+def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, float], num_cpus: int,
+                        system_config: dict) -> "Cluster":
+    """Start the head node of a local multi-node Ray cluster and connect this process to it, per
+    `security`. Add nodes with `add_node(cluster, security, ...)`; remove them with
+    `cluster.remove_node`; stop with `ray.shutdown()` then `cluster.shutdown()`."""
+    _prepare(security)
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": num_cpus, "resources": dict(head_resources), "include_dashboard": False,
+        "dashboard_host": LOOPBACK, "node_ip_address": security.bind_host,
+        "_system_config": dict(system_config)})
+    try:
+        ray.init(address=cluster.address, logging_level="ERROR")
+        _verify_started(security)
+    except BaseException:
+        ray.shutdown()
+        cluster.shutdown()
+        raise
+    return cluster
+
+
+def add_node(cluster: "Cluster", security: RaySecurityConfig, **node_args):
+    """`cluster.add_node(**node_args)` with the node on `security.bind_host`. The node's processes
+    inherit the token from this process's environment, set by `start_local_cluster`."""
+    if security.auth_token and os.environ.get(AUTH_MODE_ENV) != "token":
+        raise RuntimeError("add_node: token authentication is not set up in this process; "
+                           "start the cluster with start_local_cluster")
+    node_args.setdefault("node_ip_address", security.bind_host)
+    if node_args["node_ip_address"] != security.bind_host:
+        raise ValueError(f"add_node: node_ip_address={node_args['node_ip_address']!r} differs from "
+                         f"rollout.hybrid.ray.bind_host={security.bind_host!r}")
+    return cluster.add_node(**node_args)
+
+
+def listening_addresses(root_pid: int | None = None) -> list[tuple[str, int, str]]:
+    """(ip, port, process name) of every TCP socket in LISTEN state owned by process `root_pid`
+    (default: this one) or any of its descendants: the Ray processes this process started (GCS,
+    raylets, agents, dashboard head, workers) and this process itself."""
+    import psutil
+
+    try:
+        root = psutil.Process(root_pid or os.getpid())
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+    found = set()
+    for proc in procs:
+        try:
+            conns = proc.net_connections(kind="tcp") if hasattr(proc, "net_connections") \
+                else proc.connections(kind="tcp")
+            name = proc.name()
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+        for conn in conns:
+            if conn.status == psutil.CONN_LISTEN and conn.laddr:
+                found.add((conn.laddr.ip, conn.laddr.port, name))
+    return sorted(found)
+
+
+def non_loopback_listeners(root_pid: int | None = None) -> list[tuple[str, int, str]]:
+    """The entries of `listening_addresses` that are reachable from outside this machine."""
+    return [entry for entry in listening_addresses(root_pid) if not _is_loopback(entry[0])]
+
+
+def check_listeners(security: RaySecurityConfig) -> None:
+    """Startup check: with bind_host=127.0.0.1, raise RuntimeError if any process of this run
+    listens on a non-loopback address. (Ray workers start lazily; this sees those running now.)"""
+    if not security.loopback:
+        return
+    exposed = non_loopback_listeners()
+    if exposed:
+        listing = ", ".join(f"{name} on {ip}:{port}" for ip, port, name in exposed)
+        raise RuntimeError(f"rollout.hybrid.ray.bind_host={LOOPBACK} but these listen beyond loopback: {listing}")
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        addr = ipaddress.ip_address(ip.split("%")[0])
+    except ValueError:
+        return False
+    # gRPC binding 127.0.0.1 on an IPv6 socket shows as ::ffff:127.0.0.1
+    mapped = getattr(addr, "ipv4_mapped", None)
+    return (mapped or addr).is_loopback
+
+
+def _prepare(security: RaySecurityConfig) -> None:
+    security.validate()
+    if ray.is_initialized():
+        raise RuntimeError("Ray is already initialized in this process; a hybrid run starts its own local Ray")
+    _set_up_auth(security.auth_token)
+    if security.loopback:
+        # Workers and agents inherit the variable; this process's Ray read it at import, so the
+        # constant it consults (ray._private.services.get_node_ip_address) is set too.
+        os.environ[SINGLE_MACHINE_ENV] = "0"
+        from ray._private import ray_constants
+        ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ[USAGE_STATS_ENV] = "0"
+
+
+def _set_up_auth(enabled: bool) -> None:
+    try:
+        from ray._raylet import AuthenticationMode, AuthenticationTokenLoader, Config, get_authentication_mode
+    except ImportError as e:
+        if enabled:
+            raise RuntimeError(
+                f"Ray {ray.__version__} has no token authentication (ray._raylet lacks it), and "
+                f"rollout.hybrid.ray.auth_token=true; use a Ray that has it, or set auth_token=false "
+                f"to run without authentication") from e
+        return
+    if enabled:
+        os.environ[AUTH_MODE_ENV] = "token"
+        if not os.environ.get(AUTH_TOKEN_ENV) and not os.environ.get(AUTH_TOKEN_PATH_ENV):
+            os.environ[AUTH_TOKEN_ENV] = secrets.token_hex(32)
+    else:
+        os.environ[AUTH_MODE_ENV] = "disabled"
+        logger.warning("rollout.hybrid.ray.auth_token=false: Ray runs WITHOUT token authentication")
+    # Ray caches its config and the token per process: reload both from the environment just set.
+    Config.initialize("")
+    loader = AuthenticationTokenLoader.instance()
+    loader.reset_cache()
+    if not enabled:
+        return
+    if get_authentication_mode() != AuthenticationMode.TOKEN:
+        raise RuntimeError(f"Ray {ray.__version__} ignored {AUTH_MODE_ENV}=token; refusing to start Ray "
+                           f"without token authentication (rollout.hybrid.ray.auth_token=true)")
+    try:
+        has_token = loader.has_token()
+    except Exception as e:  # e.g. RAY_AUTH_TOKEN_PATH names a missing or empty file
+        raise RuntimeError(f"Ray token authentication: cannot load the token: {e}") from e
+    if not has_token:
+        raise RuntimeError("Ray token authentication: no token found (RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH)")
+
+
+def _verify_started(security: RaySecurityConfig) -> None:
+    """After ray.init: the GCS must refuse a call without the token (when auth is on)."""
+    if not security.auth_token:
+        return
+    gcs_address = ray.get_runtime_context().gcs_address
+    if not gcs_refuses_unauthenticated(gcs_address):
+        raise RuntimeError(f"Ray's GCS at {gcs_address} accepted a call without the token: token "
+                           f"authentication is not in force (Ray {ray.__version__})")
+
+
+def gcs_refuses_unauthenticated(gcs_address: str, timeout_s: float = 10.0) -> bool:
+    """True if the GCS at `gcs_address` rejects a call that carries no token as UNAUTHENTICATED."""
+    import grpc
+    from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+    with grpc.insecure_channel(gcs_address) as channel:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        try:
+            stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=timeout_s)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNAUTHENTICATED:
+                return True
+            raise RuntimeError(f"probing Ray's GCS at {gcs_address} failed: {e.code()} {e.details()}") from None
+    return False

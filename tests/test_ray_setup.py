@@ -1,0 +1,261 @@
+"""Ray started by rlboost.hybrid.ray_setup: token authentication on, every server on loopback.
+
+Ray runs in this process (one instance at a time: a class-scoped fixture each); clients that try to
+join it run as subprocesses with a controlled environment. Every fixture puts os.environ and the Ray
+state it touched back as they were.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import subprocess
+import sys
+
+import pytest
+import ray
+
+from rlboost.hybrid import ray_setup
+from rlboost.hybrid.ray_setup import (
+    RaySecurityConfig,
+    add_node,
+    gcs_refuses_unauthenticated,
+    listening_addresses,
+    start_local_cluster,
+    start_local_ray,
+)
+
+FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
+                    "health_check_failure_threshold": 3}
+
+CLIENT = """
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], logging_level="ERROR")
+    @ray.remote(num_cpus=0)
+    def f():
+        return 41 + 1
+    print("RESULT", ray.get(f.remote(), timeout=30), flush=True)
+except Exception as e:
+    print("FAILED", type(e).__name__, str(e)[:500], flush=True)
+    sys.exit(3)
+"""
+
+
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(addr, "ipv4_mapped", None)  # ::ffff:127.0.0.1 is gRPC's IPv4 bind on a v6 socket
+    return (mapped or addr).is_loopback
+
+
+def _restore_env(saved: dict[str, str]) -> None:
+    for key in set(os.environ) - set(saved):
+        del os.environ[key]
+    for key, value in saved.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+class _RayState:
+    """Snapshot of what starting Ray changes in this process: os.environ and Ray's cached config."""
+
+    def __init__(self):
+        from ray._private import ray_constants
+        self.env = dict(os.environ)
+        self.enable_cluster = ray_constants.ENABLE_RAY_CLUSTER
+
+    def restore(self) -> None:
+        from ray._private import ray_constants
+        from ray._raylet import AuthenticationTokenLoader, Config
+        _restore_env(self.env)
+        ray_constants.ENABLE_RAY_CLUSTER = self.enable_cluster
+        Config.initialize("")  # config first, then the token cache (see ray's authentication_test_utils)
+        AuthenticationTokenLoader.instance().reset_cache()
+
+
+@pytest.fixture
+def ray_state():
+    state = _RayState()
+    yield state
+    state.restore()
+
+
+def _assert_loopback_only(entries):
+    exposed = [e for e in entries if not _is_loopback(e[0])]
+    assert not exposed, f"listening beyond loopback: {exposed}"
+    assert not [e for e in entries if e[0] in ("0.0.0.0", "::")]
+
+
+def _client_env(tmp_home, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env.pop("RAY_ADDRESS", None)
+    # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: as in the driver, so the client can reach a loopback GCS
+    # at all (otherwise Ray rewrites 127.0.0.1 to the external IP) and the only difference between
+    # clients is the token. Few GCS retries: a refused client gives up in seconds, not 20.
+    env.update(HOME=str(tmp_home), RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0",
+               RAY_NUM_REDIS_GET_RETRIES="3")
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="class")
+def local_ray():
+    """A local Ray started by start_local_ray with a fresh per-run token, for the tests of one class."""
+    state = _RayState()
+    os.environ.pop("RAY_AUTH_TOKEN", None)
+    os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    try:
+        start_local_ray(RaySecurityConfig(), {"reserved": 10, "preemptible": 10}, num_cpus=1)
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+        state.restore()
+
+
+class TestLocalRay:
+    def test_actor_works_and_everything_listens_on_loopback(self, local_ray):
+        @ray.remote(num_cpus=0)
+        def inner(x):
+            return x * 2
+
+        @ray.remote(num_cpus=0, resources={"preemptible": 1})
+        class Echo:
+            def call(self, x):
+                # worker -> raylet -> another worker: authenticated calls between Ray processes
+                return ray.get(inner.remote(x)), os.environ.get("RAY_AUTH_TOKEN")
+
+        actor = Echo.remote()
+        doubled, token = ray.get(actor.call.remote(21), timeout=60)
+        assert doubled == 42
+        assert token and token == os.environ["RAY_AUTH_TOKEN"]  # per-run token reached the workers
+        assert len(token) == 64
+        assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
+
+        entries = listening_addresses()
+        names = {name for _, _, name in entries}
+        assert "gcs_server" in names and "raylet" in names, entries
+        assert any(name.startswith("ray::Echo") for name in names), entries
+        _assert_loopback_only(entries)
+        ray_setup.check_listeners(RaySecurityConfig())  # the startup check agrees
+        ray.kill(actor)
+
+    def test_gcs_rejects_calls_without_the_token(self, local_ray):
+        import grpc
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+        assert gcs_refuses_unauthenticated(local_ray)
+        with grpc.insecure_channel(local_ray) as channel:  # the same call with the token goes through
+            reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
+                gcs_service_pb2.GetClusterIdRequest(), timeout=10,
+                metadata=[("authorization", f"Bearer {os.environ['RAY_AUTH_TOKEN']}")])
+        assert reply.cluster_id
+
+    def test_only_a_client_with_the_token_can_join(self, local_ray, tmp_path):
+        token = os.environ["RAY_AUTH_TOKEN"]
+        envs = {
+            "no token": _client_env(tmp_path),
+            "token mode, no token": _client_env(tmp_path, RAY_AUTH_MODE="token"),
+            "wrong token": _client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
+            "right token": _client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
+        }
+        procs = {label: subprocess.Popen([sys.executable, "-c", CLIENT, local_ray], env=env, text=True,
+                                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for label, env in envs.items()}
+        outputs = {}
+        try:
+            for label, proc in procs.items():
+                out, _ = proc.communicate(timeout=90)
+                outputs[label] = (proc.returncode, out)
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        code, out = outputs.pop("right token")
+        assert code == 0 and "RESULT 42" in out, out[-2000:]
+        for label, (code, out) in outputs.items():
+            assert code != 0 and "RESULT" not in out, f"{label}: {out[-2000:]}"
+            assert "FAILED" in out, f"{label}: {out[-2000:]}"
+            # refused for the token, not for an unreachable address
+            assert "Unauthenticated" in out or "AuthenticationError" in out or "token" in out.lower(), \
+                f"{label}: {out[-2000:]}"
+
+
+PRESET_TOKEN = "f" * 16 + "preset-token-from-the-environment"
+
+
+@pytest.fixture(scope="class")
+def cluster():
+    """start_local_cluster plus one node added with add_node, under a token preset in the environment."""
+    state = _RayState()
+    os.environ["RAY_AUTH_TOKEN"] = PRESET_TOKEN  # an operator's token is kept, not replaced
+    cluster, node = None, None
+    security = RaySecurityConfig()
+    try:
+        cluster = start_local_cluster(security, {"reserved": 10}, num_cpus=1, system_config=FAST_NODE_HEALTH)
+        node = add_node(cluster, security, num_cpus=0, resources={"preemptible": 10})
+        yield cluster, node
+    finally:
+        ray.shutdown()
+        if cluster is not None:
+            if node is not None:
+                cluster.remove_node(node, allow_graceful=False)
+            cluster.shutdown()
+        state.restore()
+
+
+class TestLocalCluster:
+
+    def test_added_node_runs_an_actor_and_listens_on_loopback(self, cluster):
+        cluster, node = cluster
+        assert os.environ["RAY_AUTH_TOKEN"] == PRESET_TOKEN
+        assert node.node_ip_address == "127.0.0.1"
+
+        @ray.remote(num_cpus=0, resources={"preemptible": 1})
+        class Where:
+            def where(self):
+                return ray.get_runtime_context().get_node_id(), os.getpid(), os.environ.get("RAY_AUTH_TOKEN")
+
+        actor = Where.remote()
+        node_id, pid, token = ray.get(actor.where.remote(), timeout=60)
+        assert node_id == node.node_id
+        assert token == PRESET_TOKEN
+
+        raylet_pid = node.all_processes["raylet"][0].process.pid
+        node_entries = listening_addresses(raylet_pid)  # the added node's raylet, agents and workers
+        assert {name for _, _, name in node_entries} >= {"raylet"}, node_entries
+        actor_entries = listening_addresses(pid)
+        assert actor_entries, "the actor's core worker serves gRPC"
+        _assert_loopback_only(node_entries)
+        _assert_loopback_only(actor_entries)
+        _assert_loopback_only(listening_addresses())  # and the head node's processes
+        assert gcs_refuses_unauthenticated(cluster.address)
+        ray.kill(actor)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(bind_host="0.0.0.0"), "bind_host"),
+    (dict(bind_host="::"), "bind_host"),
+    (dict(bind_host="localhost"), "bind_host"),
+    (dict(bind_host="127.0.0.2"), "bind_host"),
+    (dict(bind_host="not an ip"), "bind_host"),
+    (dict(auth_token="yes"), "auth_token"),
+])
+def test_validate_rejects(kwargs, field):
+    with pytest.raises(ValueError, match=rf"rollout\.hybrid\.ray\.{field}"):
+        RaySecurityConfig(**kwargs).validate()
+
+
+def test_validate_accepts():
+    RaySecurityConfig().validate()
+    RaySecurityConfig(auth_token=False, bind_host="10.1.2.3").validate()
+    RaySecurityConfig(bind_host="fd00::5").validate()
+
+
+def test_no_token_auth_in_ray_is_an_error_not_an_open_cluster(ray_state, monkeypatch):
+    import ray._raylet
+
+    monkeypatch.delattr(ray._raylet, "AuthenticationTokenLoader")
+    with pytest.raises(RuntimeError, match="token authentication"):
+        start_local_ray(RaySecurityConfig(), {}, num_cpus=1)
+    assert not ray.is_initialized()
