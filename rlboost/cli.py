@@ -109,12 +109,20 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
+
+
 def _train(args: argparse.Namespace) -> int:
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.train import train
 
-    cfg = load_config(RLBoostConfig, args.config, args.overrides)
-    run_dir = train(cfg, args.config)
+    config, overrides = args.config, list(args.overrides)
+    if config is None or "=" in config:  # no file: the showcase, with any overrides given
+        overrides = ([config] if config else []) + overrides
+        config = SHOWCASE
+        console.print(f"no config given: running the showcase ({SHOWCASE})")
+    cfg = load_config(RLBoostConfig, config, overrides)
+    run_dir = train(cfg, config)
     console.print(f"run folder: {run_dir}  (metrics.jsonl, tensorboard/, checkpoints/, report/report.md)")
     return 0
 
@@ -186,7 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     train = commands.add_parser("train", help="GRPO training (rollout.mode=colocated or hybrid)")
-    train.add_argument("config", nargs="?", help="YAML config, e.g. configs/smoke.yaml (optional)")
+    train.add_argument("config", nargs="?", help="YAML config, e.g. configs/smoke.yaml (default: the showcase, "
+                                                 "rlboost/configs/showcase.yaml)")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 run.total_steps=20")
     train.set_defaults(func=_train)
     return parser
