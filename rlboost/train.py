@@ -291,8 +291,8 @@ def validate(cfg: RLBoostConfig) -> None:
 def cost_metrics(meter: CostMeter, metrics: dict[str, float]) -> dict[str, float]:
     """cost/* of a step, per generated token: the reserved nodes for its wall time plus the instances
     it held. In hybrid mode also an estimate of what colocated rollout would have paid per token: the
-    reserved workers generating every token at the speed they showed while seeding, plus the same
-    training time."""
+    reserved workers generating every token at their best measured decode speed (no prefill, so the
+    estimate flatters colocated), plus the same training time."""
     tokens = int(metrics["perf/response_tokens"])  # what rollout produced: the product being paid for
     out = meter.charge_step(metrics["timing_s/step"], metrics.get("spot/instance_s", 0.0), tokens)
     reserved_rate = metrics.get("rollout/reserved_tokens_per_s", 0.0)

@@ -87,7 +87,9 @@ def test_profile_plateau_is_smallest_size_near_the_best():
     for size, tokens_per_s in [(1, 100), (2, 190), (4, 350), (8, 390), (16, 400)]:
         profile.observe(size, tokens_per_s)
     assert profile.plateau() == 8  # 390 >= 0.9 * 400 > 350
+    assert profile.best() == 400
     assert ThroughputProfile(tolerance=1.0).plateau() is None
+    assert ThroughputProfile().best() is None
 
 
 def test_profile_smoothing_moves_toward_new_observations():

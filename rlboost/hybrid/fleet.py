@@ -56,7 +56,7 @@ class Fleet:
         if ray.is_initialized():
             raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
         if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
-            ray.init(address=cfg.ray_address, logging_level="ERROR")
+            ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
         elif cfg.instances == "nodes":
             self.cluster = start_local_cluster(cfg.ray, {RESERVED: MANY}, os.cpu_count(), FAST_NODE_HEALTH)
         else:

@@ -1,6 +1,6 @@
 """Starting the local Ray of a hybrid run securely (`rollout.hybrid.ray.*`).
 
-Two rules, both on by default:
+Three choices, all by default:
 
 * Token authentication. Every gRPC server of Ray (GCS, raylets, object managers, workers) and the
   HTTP servers of its agents reject a call that does not carry the cluster's token. The token is
@@ -16,6 +16,9 @@ Two rules, both on by default:
   which `ray.init(address="127.0.0.1:...")` rewrites the address to the machine's external IP
   and cannot reach the loopback-only GCS. The dashboard stays off and its (module-less) head
   process listens nowhere; Ray's usage-stats reporting is turned off.
+* Quiet driver. Worker and raylet logs stay in Ray's session folder (`/tmp/ray/session_*/logs`)
+  instead of being echoed to the console, where every hard kill of an instance would print Ray's
+  "worker died" warning; what a failed call raised still reaches the driver with its exception.
 
 Both start functions change this process's environment (`os.environ`) so that every Ray process
 started later, including nodes added with `add_node`, gets the same settings.
@@ -83,7 +86,8 @@ def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], nu
     servers on `bind_host`, dashboard off, only errors logged."""
     _prepare(security)
     ray.init(address="local", num_cpus=num_cpus, resources=dict(resources), include_dashboard=False,
-             dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR")
+             dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR",
+             log_to_driver=False)
     try:
         _verify_started(security)
     except BaseException:
@@ -104,7 +108,7 @@ def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, f
         "dashboard_host": LOOPBACK, "node_ip_address": security.bind_host,
         "_system_config": dict(system_config)})
     try:
-        ray.init(address=cluster.address, logging_level="ERROR")
+        ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         _verify_started(security)
     except BaseException:
         ray.shutdown()

@@ -98,12 +98,17 @@ class HybridRollout:
             "weights/pull_failures": float(stats.pull_failures),
             "rollout/preemptible_token_share": stats.tokens_by_kind[PREEMPTIBLE] / kinds_total,
             "rollout/seed_window_s": self.seed_window_s,
-            "rollout/reserved_tokens_per_s": stats.tokens_by_kind[RESERVED] / stats.seed_s if stats.seed_s > 0 else 0.0,
+            "rollout/reserved_tokens_per_s": self._reserved_decode_rate(),
             "timing_s/gen": stats.rollout_s,
             "timing_s/seed": stats.seed_s,
             "timing_s/wait_train": self.run.trainer_wait_s,
             "timing_s/wait_remote": wait_remote,
         }
+
+    def _reserved_decode_rate(self) -> float:
+        """Best decode tokens/s the reserved workers have shown (0 before they decoded): what colocated
+        rollout could at most reach on them, prefill not counted."""
+        return sum(h.profile.best() or 0.0 for h in self.manager.alive(RESERVED))
 
     def state_dict(self) -> dict:
         return {"offload": self.controller.state_dict()}

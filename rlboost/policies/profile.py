@@ -42,5 +42,9 @@ class ThroughputProfile:
         return min(size for size, value in self._tokens_per_s_by_batch.items()
                    if value >= self.tolerance * best)
 
+    def best(self) -> float | None:
+        """The highest smoothed tokens/s seen at any batch size."""
+        return max(self._tokens_per_s_by_batch.values(), default=None)
+
     def throughput(self, batch_size: int) -> float | None:
         return self._tokens_per_s_by_batch.get(batch_size)
