@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid import weights as weight_store
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, WorkerHandle, first_line
-from rlboost.hybrid.ray_setup import add_node, start_local_cluster, start_local_ray
+from rlboost.hybrid.ray_setup import kill_node_process, start_local_cluster, start_local_ray, start_node_process
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
@@ -39,9 +39,13 @@ class Fleet:
     def __init__(self, cfg: HybridConfig, spec: WorkerSpec, manager: RolloutManager):
         self.cfg, self.spec, self.manager = cfg, spec, manager
         self.cluster = None
-        self.nodes: dict[str, object] = {}  # worker name -> its own Ray node (instances=nodes)
+        self.nodes: dict[str, object] = {}
+        """Worker name -> the process tree of its own Ray node (instances=nodes)."""
         self._counter = 0
         self._lock = threading.Lock()
+        self._node_lock = threading.Lock()
+        self._boots: list[threading.Thread] = []
+        """Threads booting instances: shutdown waits for them, as none may touch Ray after it stops."""
         self.joins = 0
         self.starting = 0
         """Instances asked for whose worker is not admitted yet."""
@@ -76,6 +80,8 @@ class Fleet:
         launched = time.monotonic()
         pending = []
         for _ in range(count):
+            if self._stopping:
+                break
             with self._lock:
                 self._counter += 1
                 name = f"{kind[:4]}-{self._counter}"
@@ -83,9 +89,8 @@ class Fleet:
             if node_id is not None:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
             elif kind == PREEMPTIBLE and self.cluster is not None:
-                node = add_node(self.cluster, self.cfg.ray, num_cpus=0, resources={PREEMPTIBLE: MANY})
-                self.nodes[name] = node
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node.node_id, soft=False)
+                self.nodes[name] = self._start_node(name)
+                options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
             else:
                 options["resources"] = {kind: 1}
             if kind == PREEMPTIBLE:
@@ -95,7 +100,7 @@ class Fleet:
         handles = []
         for name, actor, info_ref in pending:
             try:
-                info = ray.get(info_ref, timeout=self.cfg.call_timeout_s)
+                info = self._await_boot(info_ref)
             except Exception as e:
                 self._ended(name)
                 if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
@@ -128,7 +133,10 @@ class Fleet:
                 with self._lock:
                     self.starting -= count
 
-        threading.Thread(target=boot, name="instance-boot", daemon=True).start()
+        thread = threading.Thread(target=boot, name="instance-boot", daemon=True)
+        with self._lock:
+            self._boots = [t for t in self._boots if t.is_alive()] + [thread]
+        thread.start()
 
     def launch_on(self, node_id: str) -> None:
         self.launch(1, node_id)
@@ -136,7 +144,7 @@ class Fleet:
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Between steps: wait until every live worker serves the current version (or is dropped)."""
         deadline = time.monotonic() + (timeout_s or self.cfg.weights.pull_timeout_s)
-        while any(h.version != self.manifest.version for h in self.manager.alive()):
+        while any(h.version != self.manifest.version or h.pull is not None for h in self.manager.alive()):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"workers not at weight version {self.manifest.version} after {timeout_s}s")
             self.manager.poll_pulls(self.manager.between_steps, 0.0)
@@ -170,7 +178,7 @@ class Fleet:
             node = self.nodes.pop(handle.name, None)
             if node is None:
                 raise ValueError(f"{handle.name} has no Ray node of its own (rollout.hybrid.instances=nodes)")
-            self.cluster.remove_node(node, allow_graceful=False)
+            kill_node_process(node)
         try:
             os.kill(handle.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -186,7 +194,7 @@ class Fleet:
         ray.kill(handle.actor, no_restart=True)
         node = self.nodes.pop(handle.name, None)
         if node is not None:
-            self.cluster.remove_node(node, allow_graceful=False)
+            kill_node_process(node)
 
     def instance_seconds(self, t0: float, t1: float) -> float:
         """Preemptible instance-seconds billed between monotonic times t0 and t1."""
@@ -198,10 +206,41 @@ class Fleet:
 
     def shutdown(self) -> None:
         self._stopping = True
+        with self._lock:
+            boots = list(self._boots)
+        for thread in boots:  # each gives up within a poll interval once it sees _stopping
+            thread.join(timeout=30)
         self.manager.shutdown()
+        with self._node_lock:
+            for node in self.nodes.values():
+                kill_node_process(node)
         ray.shutdown()
         if self.cluster is not None:
             self.cluster.shutdown()
+
+    def _await_boot(self, info_ref):
+        """A booting worker's info; gives up at call_timeout_s, or at once when the fleet stops."""
+        deadline = time.monotonic() + self.cfg.call_timeout_s
+        while not ray.wait([info_ref], timeout=0.2)[0]:
+            if self._stopping:
+                raise RuntimeError("the fleet is shutting down")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer in {self.cfg.call_timeout_s} s")
+        return ray.get(info_ref)
+
+    def _start_node(self, name: str):
+        """Boot the Ray node of instance `name` and wait until the cluster lists it. One at a time:
+        nodes booting side by side on one machine race for the same ports."""
+        resource = f"instance-{name}"
+        with self._node_lock:
+            node = start_node_process(self.cfg.ray, self.cluster.address, {PREEMPTIBLE: MANY, resource: 1})
+            deadline = time.monotonic() + self.cfg.call_timeout_s
+            while not any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()):
+                if node.poll() is not None or time.monotonic() > deadline or self._stopping:
+                    kill_node_process(node)
+                    raise RuntimeError(f"the Ray node of {name} did not come up")
+                time.sleep(0.05)
+        return node
 
     def _spec_for(self, name: str) -> WorkerSpec:
         if not self.cfg.ledger_dir:

@@ -130,6 +130,40 @@ def add_node(cluster: "Cluster", security: RaySecurityConfig, **node_args):
     return cluster.add_node(**node_args)
 
 
+def start_node_process(security: RaySecurityConfig, gcs_address: str, resources: dict[str, float],
+                       object_store_bytes: int = 2 * 2**30):
+    """A Ray node of its own, as a process tree in a new session (`rlboost.hybrid.node_process`): what
+    a spot VM is to the cluster. Safe from any thread (`Cluster.add_node` installs signal handlers,
+    so it only works from the main thread). It inherits the token and the loopback settings from this
+    process's environment; end it whole with `kill_node_process`."""
+    import json
+    import subprocess
+    import sys
+
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlboost.hybrid.node_process", gcs_address, json.dumps(resources),
+         security.bind_host, str(object_store_bytes)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def kill_node_process(proc) -> None:
+    """SIGKILL a node's whole process tree (its raylet, agents, object store and workers, some of
+    which sit in process groups of their own), with no cleanup."""
+    import psutil
+
+    try:
+        root = psutil.Process(proc.pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait()
+
+
 def listening_addresses(root_pid: int | None = None) -> list[tuple[str, int, str]]:
     """(ip, port, process name) of every TCP socket in LISTEN state owned by process `root_pid`
     (default: this one) or any of its descendants: the Ray processes this process started (GCS,

@@ -1,0 +1,35 @@
+"""A Ray worker node as a process of its own: `python -m rlboost.hybrid.node_process ADDRESS RESOURCES`.
+
+What a spot VM is to the cluster, on one machine: this process starts a raylet and an object store
+that join the cluster at ADDRESS (from its main thread, which Ray's node start-up needs), then waits.
+Everything the node runs descends from it, in its own session, so one SIGKILL of the process group
+ends the node and its workers at once, with no cleanup (`ray_setup.kill_node_process`). The token
+and the loopback settings come from the environment, as for every Ray process of the run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+
+
+def main(address: str, resources: dict[str, float], ip: str, object_store_bytes: int) -> None:
+    import ray
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+
+    params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=0, num_gpus=0, resources=resources,
+                       object_store_memory=object_store_bytes, min_worker_port=0, max_worker_port=0,
+                       include_log_monitor=False, node_manager_port=0)
+    params.dashboard_agent_listen_port = None  # any free port: the head's agent has the default one
+    Node(params, head=False, shutdown_at_exit=True, spawn_reaper=False)
+    del ray
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop.wait()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
