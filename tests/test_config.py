@@ -31,7 +31,7 @@ def test_unknown_key_in_yaml_lists_valid_keys(tmp_path):
 
 
 def test_unknown_override_and_section():
-    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: data, engine, model, "
+    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: cost, data, engine, model, "
                                           "reward, rollout, run, tracking, trainer"):
         load_config(RLBoostConfig, overrides=["optim.lr=1"])
     with pytest.raises(ConfigError, match="`engine` is a section"):

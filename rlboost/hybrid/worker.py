@@ -88,6 +88,7 @@ class RolloutWorker:
         model = load_skeleton(spec.model)
         self.fingerprint = weight_store.fingerprint(dict(model.named_parameters()))
         self.checksum = ""
+        self._served: dict = {}
         self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
         self.spec = spec
         self._cv = threading.Condition()
@@ -132,6 +133,9 @@ class RolloutWorker:
         with self._cv:
             self.engine.load_weights(state, manifest.version)
             self.checksum = manifest.checksum
+            # the state views the fetched buckets: holding it keeps this node's copies in the object
+            # store, where instances joining later can fetch them (peer to peer), until the next version
+            self._served = state
         return PullResult(manifest.version, manifest.checksum, manifest.nbytes, time.perf_counter() - t0)
 
     # ---- the stream ------------------------------------------------------------------------------
@@ -149,7 +153,7 @@ class RolloutWorker:
                     step_s = time.perf_counter() - t0
                     batch_size, was_prefill = self.engine.last_step
                     decoding = 0 if was_prefill else batch_size
-                    self._write_ledger()
+                    self._write_ledger(chunks)
                     due = time.monotonic() - last_report >= self.spec.heartbeat_interval_s
                     report = self._report(chunks, decoding, step_s) if chunks or due else None
             if report is not None:
@@ -160,10 +164,12 @@ class RolloutWorker:
         return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
                             batch_size, step_s)
 
-    def _write_ledger(self) -> None:
+    def _write_ledger(self, chunks: list[StreamChunk]) -> None:
         if self._ledger is not None:
+            # requests that finished in this step have left progress(); their last chunk has the count
+            counts = self.engine.progress() | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished}
             # flushed to the OS at once: a SIGKILL loses the process, not the page cache
-            self._ledger.write(" ".join(f"{rid}={n}" for rid, n in self.engine.progress().items()) + "\n")
+            self._ledger.write(" ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
             self._ledger.flush()
 
 
