@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: $(STAMP)
-	rm -rf outputs/smoke  # a fresh run each time (an existing run folder would be resumed)
-	$(VENV)/bin/rlboost train configs/smoke.yaml run.output_dir=outputs/smoke
+	rm -rf outputs/showcase  # a fresh run each time (an existing run folder would be resumed)
+	$(VENV)/bin/rlboost train run.output_dir=outputs/showcase
 
 test: $(STAMP)
 	$(VENV)/bin/pytest -q $(PYTEST_ARGS)

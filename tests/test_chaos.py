@@ -51,10 +51,10 @@ def test_a_run_survives_fifty_hard_kills(tmp_path, instances):
     pool = FixedPool(fleet, size=3, preempt_every_s=0.0, seed=0, respawn=True).start()
     chaos = Chaos(fleet, every_s=0.5 if instances == "processes" else 0.8, seed=1, how=how)
     chaos.thread.start()
-    version, wasted, deadline = 0, 0, time.monotonic() + 240
+    version, wasted, deadline = 0, 0, time.monotonic() + 480  # ~180 s on an idle 2-core machine
     try:
         while len(chaos.kills) < KILLS // (1 if instances == "processes" else 5):
-            assert time.monotonic() < deadline, f"only {len(chaos.kills)} kills in 240 s"
+            assert time.monotonic() < deadline, f"only {len(chaos.kills)} kills in 480 s"
             version += 1
             fleet.publish(state, version)  # same tensors: the reference outputs stay valid
             out, run = run_step(fleet, version=version)
