@@ -4,6 +4,7 @@
     rlboost bench hybrid [--json PATH] [--preemptible N] [--kills K] [--max-tokens T] ...
     rlboost bench spec [--json PATH] [--model M] [--batches 1,8,32] [--temperatures 1.0,0.6] ...
     rlboost bench weights [--json PATH] [--model M] [--workers 1,2,4] [--bucket-mb MB]
+    rlboost bench histopipe [--json PATH] [--model M] [--engines 8,16] [--slots 32,64,128] [--alternate]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost train [CONFIG.yaml] [key=value ...]
 """
@@ -71,6 +72,16 @@ def _bench_spec(args: argparse.Namespace) -> int:
                           history_samples=args.history_samples, train_steps=args.train_steps, seed=args.seed)
     return _run_bench("benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO "
                       "steps...", bench_spec, cfg, render, args.json)
+
+
+def _bench_histopipe(args: argparse.Namespace) -> int:
+    from rlboost.bench.histopipe import HistoPipeBenchConfig, bench_histopipe, render
+
+    cfg = HistoPipeBenchConfig(model=args.model, engines=[int(n) for n in args.engines.split(",")],
+                               slots=[int(n) for n in args.slots.split(",")], steps=args.steps,
+                               alternate=args.alternate, seed=args.seed)
+    return _run_bench("benchmarking: each step in the dataset's order, then in HistoPipe's...",
+                      bench_histopipe, cfg, render, args.json)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -182,6 +193,19 @@ def build_parser() -> argparse.ArgumentParser:
     weights.add_argument("--bucket-mb", type=float, default=wdefaults.bucket_mb)
     weights.add_argument("--json", help="write the results to this JSON file")
     weights.set_defaults(func=_bench_weights)
+
+    from rlboost.bench.histopipe import HistoPipeBenchConfig
+
+    pdefaults = HistoPipeBenchConfig()
+    pipe = bench.add_parser("histopipe", help="a rollout step's tail with and without HistoPipe's order (H100 profile)")
+    pipe.add_argument("--model", default=pdefaults.model)
+    pipe.add_argument("--engines", default=",".join(map(str, pdefaults.engines)), help="comma-separated engine counts")
+    pipe.add_argument("--slots", default=",".join(map(str, pdefaults.slots)), help="comma-separated slots per engine")
+    pipe.add_argument("--steps", type=int, default=pdefaults.steps)
+    pipe.add_argument("--alternate", action="store_true", help="odd steps shortest first")
+    pipe.add_argument("--seed", type=int, default=pdefaults.seed)
+    pipe.add_argument("--json", help="write the results to this JSON file")
+    pipe.set_defaults(func=_bench_histopipe)
 
     gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
     gen.add_argument("config", nargs="?", help="YAML config (optional)")

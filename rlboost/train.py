@@ -28,6 +28,7 @@ from rlboost.config import ConfigError, RLBoostConfig
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.histospec import Drafter, HistoryStore
+from rlboost.policies.histopipe import HistoPipe
 from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
 from rlboost.rollout import ColocatedRollout, Group, RolloutBackend, new_groups
@@ -189,13 +190,16 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
 
 def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int):
     """The rollout backend of `rollout.mode`, serving exactly the trainer's weights at `version`."""
+    histopipe = HistoPipe(cfg.rollout.histopipe) if cfg.rollout.histopipe.enabled else None
     if cfg.rollout.mode == "hybrid":
         from rlboost.hybrid.rollout import HybridRollout  # Ray is imported only when used
         from rlboost.hybrid.worker import WorkerSpec
 
         h = cfg.rollout.hybrid
-        spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s)
-        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed)
+        histospec = cfg.rollout.histospec if cfg.rollout.histospec.enabled else None
+        spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s,
+                          histospec)
+        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe)
     # The engine fuses its model's weights in place, so it gets a copy of its own.
     engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
     engine.load_weights(weights, version=version)
@@ -203,7 +207,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
     if cfg.rollout.histospec.enabled:
         history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
         engine.drafter = Drafter(history, cfg.rollout.histospec)
-    return ColocatedRollout(engine, history)
+    return ColocatedRollout(engine, history, histopipe)
 
 
 def check_on_policy(groups: list[Group], version: int) -> None:

@@ -120,6 +120,28 @@ def test_histospec_changes_nothing_but_speed(tmp_path):
     assert m[3]["critic/score/mean"] == pytest.approx(spec[3]["critic/score/mean"], rel=1e-4)
 
 
+def test_hybrid_histospec_and_histopipe_change_nothing_but_speed(tmp_path):
+    """Hybrid rollout (1 reserved + 2 preemptible workers), 4 steps over 8 prompts so each comes back
+    every 2 steps: with HistoSpec drafting on the workers from histories the manager sends, and
+    HistoPipe ordering dispatch from the previous epoch's lengths, the responses, rewards and losses
+    are those of the plain hybrid run; the spec/*, histopipe/* and tail metrics are reported."""
+    common = ["run.total_steps=4", "data.train_size=8", "data.max_response_length=48", "engine.spec_max_batch=16",
+              "rollout.temperature=0.7", "rollout.mode=hybrid", "rollout.hybrid.num_preemptible=2",
+              "rollout.hybrid.seed_window_s=0.05", *QUIET]
+    plain = metrics_of(train(tmp_path, *common, name="plain"))
+    both = metrics_of(train(tmp_path, *common, "rollout.histospec.enabled=true", "rollout.histopipe.enabled=true",
+                            name="both"))
+    for step in range(1, 5):
+        for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm"):
+            assert both[step][key] == pytest.approx(plain[step][key], rel=1e-4, abs=1e-6), (step, key)
+        assert "rollout/tail_s" in plain[step] and "histopipe/history_prompts" not in plain[step]
+    assert both[1]["spec/history_prompts"] == 0 and both[4]["spec/history_prompts"] == 8
+    assert both[4]["histopipe/history_prompts"] == 8
+    assert both[1]["spec/verify_steps"] == 0  # no history yet: nothing to draft from
+    assert sum(both[s]["spec/verify_steps"] for s in (3, 4)) > 0  # the workers drafted from what they were sent
+    assert "spec/verify_steps" not in plain[1]
+
+
 def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
     reward = tmp_path / "digits.py"
     reward.write_text(DIGITS_REWARD)

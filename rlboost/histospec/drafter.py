@@ -17,7 +17,7 @@ Contract:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rlboost.histospec.history import HistoryStore, prompt_key
@@ -150,8 +150,13 @@ class Drafter:
     def draft_length(self, request_id: str) -> int:
         return self._requests[request_id].length
 
-    def invalidate(self) -> None:
-        self._indexes.clear()
+    def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
+        """The store changed: rebuild the indexes of `prompts` (None: of every prompt) when next used."""
+        if prompts is None:
+            self._indexes.clear()
+        else:
+            for prompt in prompts:
+                self._indexes.pop(prompt_key(prompt), None)
         self._generation += 1
 
     def _index_for(self, prompt: tuple[int, ...]) -> SuffixIndex | None:

@@ -32,7 +32,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import ray
@@ -159,6 +159,10 @@ class StepStats:
     tokens_by_worker: Counter = field(default_factory=Counter)
     last_finish: dict[str, float] = field(default_factory=dict)
     """Monotonic time each live preemptible worker finished its last sample of the step."""
+    tail_s: float = 0.0
+    """From the first to the last live worker that generated in the step running out of samples."""
+    overruns_moved: int = 0
+    """Executing samples moved first because they ran far past their prompt's history (HistoPipe)."""
     pulls: list[tuple[str, float, int]] = field(default_factory=list)
     """(worker, seconds, bytes) of every verified weight pull."""
     provision_s: list[float] = field(default_factory=list)
@@ -312,10 +316,15 @@ class RolloutManager:
     # ---- a step ------------------------------------------------------------------------------------
 
     def start_step(self, groups: list[Group], params: SamplingParams, version: int,
-                   seed_window_s: float | None) -> StepRun:
+                   seed_window_s: float | None, order: list[str] | None = None,
+                   overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                   history: Callable[[list[int]], list[list[int]]] | None = None) -> StepRun:
         """Generate every sample of `groups` at weight `version`. `seed_window_s=None` uses every
-        worker until the end (evaluation); a number runs the seeding window."""
-        run = StepRun(self, groups, params, version, seed_window_s)
+        worker until the end (evaluation); a number runs the seeding window. `order`: the sample uids
+        in the order to dispatch them (HistoPipe); `overruns`: given uid -> tokens so far, the samples
+        running far past their history, moved first when the balancer moves executing samples;
+        `history`: a prompt's responses in its latest rollout, sent to the workers it goes to (HistoSpec)."""
+        run = StepRun(self, groups, params, version, seed_window_s, order, overruns, history)
         run.thread.start()
         return run
 
@@ -343,12 +352,19 @@ class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
     def __init__(self, manager: RolloutManager, groups: list[Group], params: SamplingParams, version: int,
-                 seed_window_s: float | None):
+                 seed_window_s: float | None, order: list[str] | None = None,
+                 overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                 history: Callable[[list[int]], list[list[int]]] | None = None):
         self.m, self.cfg = manager, manager.cfg
+        self.history = history
+        self._history_sent: set[tuple[str, int]] = set()  # (worker, group index)
         self.params, self.version = params, version
         self.tracked = {s.uid: Tracked(s, g) for g in groups for s in g.samples}
         self.remaining = {g.index: len(g.samples) for g in groups}
-        self.pending: deque[str] = deque(self.tracked)
+        if order is not None and sorted(order) != sorted(self.tracked):
+            raise ValueError("a dispatch order must name every sample of the step exactly once")
+        self.pending: deque[str] = deque(self.tracked if order is None else order)
+        self.overruns = overruns
         self.num_finished = 0
         self.stats, manager.between_steps = manager.between_steps, StepStats()
         self.t0 = time.monotonic()
@@ -412,6 +428,12 @@ class StepRun:
                 self.stats.seed_s = self.stats.rollout_s
             for h in self.m.alive(PREEMPTIBLE):
                 self.stats.last_finish[h.name] = h.last_finish if h.last_finish is not None else now
+            # the tail: from the first to the last worker done (HistoPipe's measure), among the workers
+            # that generated to the end: the instances, or the reserved ones when none was there
+            finishers = self.m.alive(PREEMPTIBLE) or self.m.alive(RESERVED)
+            done = [h.last_finish for h in finishers
+                    if h.last_finish is not None and self.stats.tokens_by_worker[h.name] > 0]
+            self.stats.tail_s = max(done) - min(done) if done else 0.0
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
             self._out.put(e)
         finally:
@@ -529,10 +551,25 @@ class StepRun:
             track.base = len(track.sample.response_ids)
             params = dataclasses.replace(self.params, seed=track.sample.seed,
                                          max_tokens=self.params.max_tokens - track.base)
-            requests.append((track.request_id, track.sample.prompt_ids + track.sample.response_ids, params))
+            requests.append((track.request_id, track.sample.prompt_ids + track.sample.response_ids, params,
+                             len(track.sample.prompt_ids)))
             h.assigned.add(uid)
         h.last_finish = None
-        self._submits[h.actor.submit.remote(requests)] = h
+        self._submits[h.actor.submit.remote(requests, self._histories_for(h, uids))] = h
+
+    def _histories_for(self, h: WorkerHandle, uids: list[str]) -> list | None:
+        """The drafting history of the prompts of `uids` that `h` has not been sent this step."""
+        if self.history is None:
+            return None
+        out = []
+        for uid in uids:
+            group = self.tracked[uid].group
+            if (h.name, group.index) not in self._history_sent:
+                self._history_sent.add((h.name, group.index))
+                responses = self.history(group.samples[0].prompt_ids)
+                if responses:
+                    out.append((group.samples[0].prompt_ids, responses))
+        return out or None
 
     def _rebalance(self) -> None:
         if self.pending or self._aborts:
@@ -540,8 +577,13 @@ class StepRun:
         plateaus = {h.name: h.profile.plateau() for h in self.m.alive()}
         for move in self.m.balancer.rebalance(self._loads(), plateaus):
             source, target = self.m.workers[move.source], self.m.workers[move.target]
-            # the cheapest to move are those with the fewest tokens (least prompt to re-prefill)
+            # the cheapest to move are those with the fewest tokens (least prompt to re-prefill) ...
             by_progress = sorted(source.assigned, key=lambda u: (len(self.tracked[u].sample.response_ids), u))
+            if move.executing and self.overruns is not None:
+                # ... except samples far past their history: they would be the step's tail where they are
+                flagged = self.overruns({u: len(self.tracked[u].sample.response_ids) for u in source.assigned})
+                self.stats.overruns_moved += len(flagged[:move.count])
+                by_progress = flagged + [u for u in by_progress if u not in set(flagged)]
             self._take_back(source, by_progress[:move.count], "rebalanced", target=target)
 
     def _take_back(self, h: WorkerHandle, uids: list[str], reason: str, then_sleep: bool = False,

@@ -12,20 +12,30 @@ import time
 from collections.abc import Iterator
 
 import numpy as np
+import ray
 
 from rlboost.engine import SamplingParams
+from rlboost.histospec import HistoryStore
+from rlboost.histospec.metrics import merged, spec_metrics
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, StepRun
 from rlboost.hybrid.providers import make_provider
 from rlboost.hybrid.worker import WorkerSpec
+from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController, StepTimings
 from rlboost.rollout.sample import Group
+from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_lengths
 
 
 class HybridRollout:
-    def __init__(self, cfg: HybridConfig, spec: WorkerSpec, weights, version: int, seed: int):
+    def __init__(self, cfg: HybridConfig, spec: WorkerSpec, weights, version: int, seed: int,
+                 histopipe: HistoPipe | None = None):
         self.cfg = cfg
+        self.histopipe = histopipe
+        # HistoSpec: the run's history lives here; each worker gets a prompt's share with its requests
+        self.history = HistoryStore(spec.histospec.history_max_tokens) if spec.histospec is not None else None
+        self._to_remember: list[Group] = []
         self.manager = RolloutManager(cfg)
         self.fleet = Fleet(cfg, spec, self.manager)
         try:
@@ -50,14 +60,28 @@ class HybridRollout:
         self.instances_at_start = len(self.manager.alive(PREEMPTIBLE))
         self.step_started = time.monotonic()
         self.fleet.reap()
+        order = overruns = None
         if training:
             self.seed_window_s = self.controller.seed_for(self.instances_at_start)
-        self.run = self.manager.start_step(groups, params, version, self.seed_window_s if training else None)
+            if self.histopipe is not None:
+                order = dispatch_order(self.histopipe, groups, version)
+                overruns = overrun_check(self.histopipe, groups)
+            self._to_remember = groups
+        history = self.history.responses if self.history is not None else None
+        self.run = self.manager.start_step(groups, params, version, self.seed_window_s if training else None,
+                                           order, overruns, history)
         return self.run.groups()
 
     def publish(self, weights, version: int) -> None:
         """Put the new version in the weight store; reserved workers load it now, the others pull it."""
         self.fleet.publish(weights, version)
+        # between steps, off the rollout's critical path: this step's responses are the next epoch's history
+        if self.histopipe is not None:
+            record_lengths(self.histopipe, self._to_remember)
+        if self.history is not None:
+            for group in self._to_remember:
+                self.history.update(group.samples[0].prompt_ids, [s.response_ids for s in group.samples])
+        self._to_remember = []
 
     def step_metrics(self, train_s: float) -> dict[str, float]:
         """spot/*, migration/*, weights/*, the controller's timings and decisions, for the last step.
@@ -103,7 +127,23 @@ class HybridRollout:
             "timing_s/seed": stats.seed_s,
             "timing_s/wait_train": self.run.trainer_wait_s,
             "timing_s/wait_remote": wait_remote,
-        }
+            "rollout/tail_s": stats.tail_s,
+        } | ({"histopipe/overruns_moved": float(stats.overruns_moved),
+              "histopipe/history_prompts": float(len(self.histopipe.history))} if self.histopipe is not None else {}) \
+          | (spec_metrics(self._spec_stats(), len(self.history)) if self.history is not None else {})
+
+    def _spec_stats(self):
+        """The live workers' speculation counters since the last step; a worker that does not answer
+        in time (dying, or stuck) is left out rather than waited for."""
+        refs = [h.actor.spec_stats.remote() for h in self.manager.alive()]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=self.cfg.call_timeout_s)
+        stats = []
+        for ref in ready:
+            try:
+                stats.append(ray.get(ref))
+            except Exception:  # noqa: BLE001 - a worker that died since: its counters are gone with it
+                pass
+        return merged(stats)
 
     def _reserved_decode_rate(self) -> float:
         """Best decode tokens/s the reserved workers have shown (0 before they decoded): what colocated
@@ -111,11 +151,20 @@ class HybridRollout:
         return sum(h.profile.best() or 0.0 for h in self.manager.alive(RESERVED))
 
     def state_dict(self) -> dict:
-        return {"offload": self.controller.state_dict()}
+        state = {"offload": self.controller.state_dict()}
+        if self.history is not None:
+            state["history"] = self.history.state_dict()
+        if self.histopipe is not None:
+            state["histopipe"] = self.histopipe.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if "offload" in state:
             self.controller.load_state_dict(state["offload"])
+        if self.histopipe is not None and "histopipe" in state:
+            self.histopipe.load_state_dict(state["histopipe"])
+        if self.history is not None and "history" in state:
+            self.history.load_state_dict(state["history"])
 
     def close(self) -> None:
         self.provider.stop()

@@ -24,7 +24,10 @@ from pathlib import Path
 import torch
 
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.engine.engine import SpecStats
 from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.histospec import Drafter, HistoryStore
+from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid import weights as weight_store
 from rlboost.models import ModelConfig
 from rlboost.models.loading import load_skeleton
@@ -39,6 +42,8 @@ class WorkerSpec:
     eos_token_ids: list[int]
     num_threads: int = 1
     heartbeat_interval_s: float = 1.0
+    histospec: HistoSpecConfig | None = None
+    """Speculate from the history of each prompt, which the manager sends along with its requests."""
     ledger_path: str | None = None
     pull_delay_s: float = 0.0
     """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
@@ -90,6 +95,10 @@ class RolloutWorker:
         self.checksum = ""
         self._served: dict = {}
         self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
+        self.history = None
+        if spec.histospec is not None:
+            self.history = HistoryStore(spec.histospec.history_max_tokens)
+            self.engine.drafter = Drafter(self.history, spec.histospec)
         self.spec = spec
         self._cv = threading.Condition()
         self._ledger = open(spec.ledger_path, "a") if spec.ledger_path else None
@@ -107,12 +116,25 @@ class RolloutWorker:
 
     # ---- control calls ---------------------------------------------------------------------------
 
-    def submit(self, requests: list[tuple[str, list[int], SamplingParams]]) -> None:
+    def submit(self, requests: list[tuple[str, list[int], SamplingParams, int]],
+               histories: list[tuple[list[int], list[list[int]]]] | None = None) -> None:
+        """requests: (request id, prompt + tokens so far, params, length of the original prompt).
+        histories: (prompt, its responses in the latest rollout), to draft from (HistoSpec)."""
         with self._cv:
+            if histories and self.history is not None:
+                for prompt_ids, responses in histories:
+                    self.history.update(prompt_ids, responses)
+                self.engine.drafter.invalidate(prompt_ids for prompt_ids, _ in histories)
             self.engine.wake()  # work for a sleeping reserved worker means it is rollout's turn again
-            for request_id, prompt_ids, params in requests:
-                self.engine.add(request_id, prompt_ids, params)
+            for request_id, token_ids, params, prompt_len in requests:
+                self.engine.add(request_id, token_ids, params, prompt_len=prompt_len)
             self._cv.notify_all()
+
+    def spec_stats(self) -> SpecStats:
+        """The speculation counters since the last call (HistoSpec), reset."""
+        with self._cv:
+            stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
+            return stats
 
     def abort(self, request_ids: list[str], then_sleep: bool = False) -> dict[str, PartialOutput]:
         """Partial outputs of the requests still running (finished ones already streamed their last

@@ -14,8 +14,11 @@ from typing import Protocol
 from rlboost.engine import LLMEngine, SamplingParams
 from rlboost.engine.engine import SpecStats
 from rlboost.histospec import HistoryStore
+from rlboost.histospec.metrics import spec_metrics
 from rlboost.engine.rng import derive_seed
+from rlboost.policies.histopipe import HistoPipe
 from rlboost.rollout.sample import Group, Sample
+from rlboost.rollout.scheduling import dispatch_order, record_lengths
 
 
 def sample_seed(run_seed: int, step: int, row_index: int, sample_index: int) -> int:
@@ -35,12 +38,15 @@ def new_groups(step: int, prompts: Sequence[tuple[int, list[int], object]], n: i
     return groups
 
 
-def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams) -> Iterator[Group]:
-    """Generate every sample of `groups` on `engine`; yield each group as soon as it is complete."""
+def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams,
+                  order: list[str] | None = None) -> Iterator[Group]:
+    """Generate every sample of `groups` on `engine`; yield each group as soon as it is complete.
+    `order`: the sample uids in the order to admit them (HistoPipe's), when the batch exceeds the engine."""
     by_uid = {s.uid: s for g in groups for s in g.samples}
     group_of = {s.uid: g for g in groups for s in g.samples}
     remaining = {g.index: len(g.samples) for g in groups}
-    for sample in by_uid.values():
+    for uid in order or by_uid:
+        sample = by_uid[uid]
         engine.add(sample.uid, sample.prompt_ids, dataclasses.replace(params, seed=sample.seed))
     while engine.has_unfinished():
         for chunk in engine.step():
@@ -90,16 +96,17 @@ class ColocatedRollout:
     sleeps so the same device can train (the veRL baseline). With a history store (HistoSpec), each
     training step's responses become the drafting history of their prompts from the next step on."""
 
-    def __init__(self, engine: LLMEngine, history: HistoryStore | None = None):
-        self.engine, self.history = engine, history
+    def __init__(self, engine: LLMEngine, history: HistoryStore | None = None, histopipe: HistoPipe | None = None):
+        self.engine, self.history, self.histopipe = engine, history, histopipe
         self._to_remember: list[Group] = []
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """Every group of the step, in completion order; all generated before the first is handed out."""
         if self.engine.weight_version != version:
             raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
+        order = dispatch_order(self.histopipe, groups, version) if training and self.histopipe else None
         self.engine.wake()
-        done = list(run_colocated(self.engine, groups, params))
+        done = list(run_colocated(self.engine, groups, params, order))
         self.engine.sleep()
         if training:
             self._to_remember = done
@@ -107,6 +114,8 @@ class ColocatedRollout:
 
     def publish(self, weights, version: int) -> None:
         self.engine.load_weights(weights, version)
+        if self.histopipe is not None:
+            record_lengths(self.histopipe, self._to_remember)
         if self.history is not None:  # between steps: off the rollout's critical path
             for group in self._to_remember:
                 self.history.update(group.samples[0].prompt_ids, [s.response_ids for s in group.samples])
@@ -117,23 +126,20 @@ class ColocatedRollout:
         stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
         if self.history is None:
             return {}
-        metrics = {"spec/verify_steps": float(stats.verify_steps),
-                   "spec/step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
-                   "spec/acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
-                   "spec/accepted_tokens_per_step":
-                       stats.accepted / stats.verifications if stats.verifications else 0.0,
-                   "spec/history_prompts": float(len(self.history))}
-        if stats.verify_s > 0:
-            metrics["spec/speedup"] = stats.plain_equivalent_s / stats.verify_s
-        return metrics
+        return spec_metrics(stats, len(self.history))
 
     def state_dict(self) -> dict:
-        return {"history": self.history.state_dict()} if self.history is not None else {}
+        state = {"history": self.history.state_dict()} if self.history is not None else {}
+        if self.histopipe is not None:
+            state["histopipe"] = self.histopipe.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         if self.history is not None and "history" in state:
             self.history.load_state_dict(state["history"])
             self.engine.drafter.invalidate()
+        if self.histopipe is not None and "histopipe" in state:
+            self.histopipe.load_state_dict(state["histopipe"])
 
     def close(self) -> None:
         pass

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid.config import HybridConfig
+from rlboost.policies.histopipe import HistoPipeConfig
 
 ROLLOUT_MODES = ("colocated", "hybrid")
 
@@ -31,7 +32,10 @@ class RolloutConfig:
     hybrid: HybridConfig = field(default_factory=HybridConfig)
     """Workers, seeding window, balancing and liveness of `mode=hybrid` (ignored when colocated)."""
     histospec: HistoSpecConfig = field(default_factory=HistoSpecConfig)
-    """Speculative decoding from the history of earlier rollouts (colocated mode for now)."""
+    """Speculative decoding from the history of earlier rollouts."""
+    histopipe: HistoPipeConfig = field(default_factory=HistoPipeConfig)
+    """Scheduling from the previous epoch's response lengths: longest first, long groups spread over
+    workers, alternating order across steps, samples far past their history moved first."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -47,6 +51,4 @@ class RolloutConfig:
             raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
         self.hybrid.validate()
         self.histospec.validate()
-        if self.histospec.enabled and self.mode != "colocated":
-            raise ValueError("rollout.histospec.enabled needs rollout.mode=colocated for now (hybrid workers do not "
-                             "receive the history yet)")
+        self.histopipe.validate()

@@ -1,0 +1,29 @@
+"""HistoPipe applied to a step's groups: the dispatch order, the overrun check, and the lengths kept
+for the next epoch. Glue between the pure policy (`rlboost.policies.histopipe`) and both rollout
+backends; a prompt is known by the hash of its token ids, as in HistoSpec's history."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rlboost.histospec.history import prompt_key
+from rlboost.policies.histopipe import HistoPipe, SampleInfo
+from rlboost.rollout.sample import Group
+
+
+def dispatch_order(pipe: HistoPipe, groups: list[Group], step: int) -> list[str]:
+    """Sample uids in the order to dispatch them this step (the given order in the first epoch)."""
+    infos = [SampleInfo(s.uid, prompt_key(g.samples[0].prompt_ids), g.index) for g in groups for s in g.samples]
+    return pipe.order(step, infos)
+
+
+def overrun_check(pipe: HistoPipe, groups: list[Group]) -> Callable[[dict[str, int]], list[str]]:
+    """uid -> tokens so far  =>  the uids far past their prompt's history, most overrun first."""
+    keys = {s.uid: prompt_key(g.samples[0].prompt_ids) for g in groups for s in g.samples}
+    return lambda progress: pipe.flag_overruns({uid: (keys[uid], n) for uid, n in progress.items()})
+
+
+def record_lengths(pipe: HistoPipe, groups: list[Group]) -> None:
+    """After a training step, off the critical path: these lengths are the next epoch's history."""
+    pipe.observe_step({prompt_key(g.samples[0].prompt_ids): [len(s.response_ids) for s in g.samples]
+                       for g in groups})
