@@ -6,6 +6,7 @@
     rlboost bench weights [--json PATH] [--model M] [--workers 1,2,4] [--bucket-mb MB]
     rlboost bench histopipe [--json PATH] [--model M] [--engines 8,16] [--slots 32,64,128] [--alternate]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
+    rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--json PATH] [--plots DIR]
     rlboost train [CONFIG.yaml] [key=value ...]
 """
 
@@ -82,6 +83,37 @@ def _bench_histopipe(args: argparse.Namespace) -> int:
                                alternate=args.alternate, seed=args.seed)
     return _run_bench("benchmarking: each step in the dataset's order, then in HistoPipe's...",
                       bench_histopipe, cfg, render, args.json)
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from rlboost.config import ConfigError, load_config
+    from rlboost.sim.report import evaluate, plot, render
+    from rlboost.sim.simulator import POLICIES, SimConfig
+
+    try:
+        base = load_config(SimConfig, args.config, args.overrides)
+        base.validate()
+        policies = args.policies.split(",")
+        unknown = sorted(set(policies) - set(POLICIES))
+        if unknown:
+            raise ConfigError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(POLICIES)}")
+        if "verl" not in policies or "rlboost" not in policies:
+            raise ConfigError("--policies must include verl (the reference) and rlboost")
+    except (ConfigError, ValueError) as e:
+        console.print(f"[red]error:[/red] {e}")
+        return 2
+    with console.status(f"simulating {len(args.models.split(','))} models x {len(args.segments)} segments x "
+                        f"{len(policies)} policies..."):
+        result, runs = evaluate(base, args.models.split(","), args.segments, policies)
+    console.print(render(result))
+    if args.json:
+        path = Path(args.json)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        console.print(f"wrote {path}")
+    for path in plot(result, runs, Path(args.plots)):
+        console.print(f"wrote {path}")
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -206,6 +238,16 @@ def build_parser() -> argparse.ArgumentParser:
     pipe.add_argument("--seed", type=int, default=pdefaults.seed)
     pipe.add_argument("--json", help="write the results to this JSON file")
     pipe.set_defaults(func=_bench_histopipe)
+
+    sim = commands.add_parser("simulate", help="simulated runs at cluster scale: every policy, model and trace segment")
+    sim.add_argument("config", nargs="?", help="YAML of SimConfig fields (optional)")
+    sim.add_argument("overrides", nargs="*", help="dotted overrides, e.g. workload.median_response=2000")
+    sim.add_argument("--models", default="qwen3-8b,qwen3-14b,qwen3-32b")
+    sim.add_argument("--segments", default="ABC", help="trace segments, e.g. AB")
+    sim.add_argument("--policies", default="verl,verl2x,disagg,rlboost,rlboost-noseed,rlboost-nomemory")
+    sim.add_argument("--json", help="write the results to this JSON file")
+    sim.add_argument("--plots", default="outputs/simulate", help="folder for the plots")
+    sim.set_defaults(func=_simulate)
 
     gen = commands.add_parser("generate", help="chat with the model through the rollout engine")
     gen.add_argument("config", nargs="?", help="YAML config (optional)")

@@ -234,3 +234,16 @@ def test_memory_jumps_back_to_what_was_learned_for_a_recurring_n():
     assert hybrid_step(c.seed_s, 4)[0] == pytest.approx(hybrid_step(best4, 4)[0], rel=0.02)
     # ...whereas adapting from n=8's window, without memory, starts far off.
     assert hybrid_step(best8, 4)[0] > 1.1 * hybrid_step(best4, 4)[0]
+
+
+def test_without_memory_nothing_is_stored_or_reused():
+    c = controller(seed=5.0, memory=False)
+    c.update(timings(n=4, wait_train=10.0))  # stable, would be M[4] = 10
+    assert c.memory == {}
+    c.update(timings(n=8, wait_remote=8.0))  # 10 - 4 = 6, not remembered either
+    assert c.seed_for(4) == pytest.approx(6.0)  # carries on from the current value
+    assert c.instance_cap() is not None  # the rest of the controller still works
+    with_memory = controller(seed=5.0)
+    with_memory.update(timings(n=4, wait_train=10.0))
+    with_memory.update(timings(n=8, wait_remote=8.0))
+    assert with_memory.seed_for(4) == pytest.approx(10.0)

@@ -29,6 +29,8 @@ class OffloadConfig:
     """The instance cap never goes below this, so the step keeps instances to learn from."""
     max_instances: int | None = None
     """The instance cap never goes above this; None: unbounded."""
+    memory: bool = True
+    """False: M[n] is neither stored nor reused (the rlboost-nomemory ablation)."""
 
     def validate(self) -> None:
         if not (self.eta > 0 and math.isfinite(self.eta)):
@@ -71,7 +73,7 @@ class OffloadController:
     def seed_for(self, instances: int) -> float:
         # A known n restarts from what was learned for it: after a preemption or a join, adapting
         # from the previous n's value would take several steps to get back.
-        if self.cfg.enabled and instances in self.memory:
+        if self.cfg.enabled and self.cfg.memory and instances in self.memory:
             self.seed_s = self.memory[instances]
         return self.seed_s
 
@@ -86,7 +88,7 @@ class OffloadController:
         # longer. Instances idle at the end: the trainer is, so hand it the reserved workers sooner.
         self.seed_s = self._clamp(step_seed_s + (t.wait_train_s - t.wait_remote_s) / self.cfg.eta)
         # A step whose n changed mixes two regimes; its outcome is no lesson for either n.
-        if t.stable:
+        if t.stable and self.cfg.memory:
             self.memory[t.instances] = self.seed_s
         if t.train_s > 0:
             # Instance-seconds of generation the step needed, spread over the training time: the

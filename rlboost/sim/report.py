@@ -1,0 +1,142 @@
+"""`rlboost simulate`: every policy on every model and trace segment, relative to veRL, as a table, a
+JSON file and plots (throughput over time above instance availability; bars of relative throughput
+and cost efficiency next to the RLBoost paper's numbers)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from rich.table import Table
+
+from rlboost.sim.simulator import POLICIES, SimConfig, SimResult, simulate
+from rlboost.spot.trace import load_trace
+
+PAPER_RLBOOST = {"qwen3-8b": (1.66, 1.34), "qwen3-14b": (1.97, 1.49), "qwen3-32b": (1.51, 1.28)}
+"""RLBoost vs veRL in the paper, averaged over segments A, B, C: (throughput, cost efficiency)."""
+MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
+
+
+def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC",
+             policies=POLICIES) -> tuple[dict, dict[tuple[str, str, str], SimResult]]:
+    """Simulate every (model, segment, policy); rows as in the JSON, plus `avg` rows over segments."""
+    rows, runs = [], {}
+    for model in models:
+        # veRL and the static split use no instances: one run stands for every segment
+        fixed: dict[str, SimResult] = {}
+        for segment in segments:
+            for policy in ("verl",) + tuple(p for p in policies if p != "verl"):
+                if policy in fixed:
+                    r = fixed[policy]
+                else:
+                    r = simulate(replace(base, model=model, segment=segment, policy=policy))
+                    if policy in ("verl", "verl2x", "disagg"):
+                        fixed[policy] = r
+                runs[(model, segment, policy)] = r
+                if policy in policies:
+                    rows.append(_row(model, segment, policy, r, runs[(model, segment, "verl")]))
+        for policy in policies:
+            per = [row for row in rows if row["model"] == model and row["policy"] == policy]
+            rows.append({"model": model, "segment": "avg", "policy": policy,
+                         **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED}})
+    return {"config": asdict(base), "results": rows}, runs
+
+
+_AVERAGED = ("throughput_tokens_per_s", "cost_usd", "tokens_per_usd", "throughput_rel_verl",
+             "cost_efficiency_rel_verl", "instances_mean", "preemptions")
+
+
+def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult) -> dict:
+    rel = r.relative_to(verl)
+    return {"model": model, "segment": segment, "policy": policy,
+            "throughput_tokens_per_s": r.throughput_tokens_per_s, "cost_usd": r.cost_usd,
+            "tokens_per_usd": r.tokens_per_usd, "throughput_rel_verl": rel["throughput"],
+            "cost_efficiency_rel_verl": rel["cost_efficiency"],
+            "instances_mean": r.instance_seconds / r.wall_s if r.wall_s else 0.0,
+            "preemptions": r.preemptions, "steps": len(r.steps)}
+
+
+def render(result: dict) -> Table:
+    table = Table(title="simulated runs (2-hour trace segments), relative to veRL on the same model and segment")
+    for col in ("model", "segment", "policy", "tokens/s", "vs verl", "tokens/$", "vs verl", "instances",
+                "preemptions", "paper"):
+        table.add_column(col, justify="left" if col in ("model", "segment", "policy") else "right")
+    for row in sorted(result["results"], key=lambda r: (r["model"], r["segment"] == "avg", r["segment"])):
+        paper = ""
+        if row["segment"] == "avg" and row["policy"] == "rlboost" and row["model"] in PAPER_RLBOOST:
+            paper = "{:.2f}x / {:.2f}x".format(*PAPER_RLBOOST[row["model"]])
+        style = "bold" if row["segment"] == "avg" else None
+        table.add_row(row["model"], row["segment"], row["policy"], f"{row['throughput_tokens_per_s']:,.0f}",
+                      f"{row['throughput_rel_verl']:.2f}x", f"{row['tokens_per_usd']:,.0f}",
+                      f"{row['cost_efficiency_rel_verl']:.2f}x", f"{row['instances_mean']:.1f}",
+                      f"{row['preemptions']:.0f}", paper, style=style)
+    return table
+
+
+def plot(result: dict, runs: dict[tuple[str, str, str], SimResult], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    models = list(dict.fromkeys(k[0] for k in runs))
+    segments = list(dict.fromkeys(k[1] for k in runs))
+    policies = list(dict.fromkeys(r["policy"] for r in result["results"]))
+    for model in models:
+        fig, axes = plt.subplots(2, len(segments), figsize=(5 * len(segments), 6), sharex=True,
+                                 gridspec_kw={"height_ratios": [3, 1.3]}, squeeze=False)
+        for j, segment in enumerate(segments):
+            top, bottom = axes[0][j], axes[1][j]
+            for policy in policies:
+                r = runs[(model, segment, policy)]
+                t = [s.end_s / 60 for s in r.steps]
+                tput = [s.tokens_trained / (s.end_s - s.start_s) for s in r.steps]
+                top.step(t, tput, where="pre", label=policy)
+            top.set_title(f"{model}, segment {segment}")
+            top.set_ylabel("tokens/s (per step)")
+            r = runs[(model, segment, "rlboost")] if (model, segment, "rlboost") in runs else None
+            if r is not None:
+                trace = load_trace(replace(r.config.trace, segment=r.config.segment))
+                bottom.step([x / 60 for x in trace.times_s], trace.counts, where="post", color="0.75", linewidth=3,
+                            label="available")
+                bottom.step([x / 60 for x, _ in r.timeline], [n for _, n in r.timeline], where="post",
+                            label="held by rlboost")
+                caps = [(x / 60, c) for x, c in r.caps if c is not None]
+                if caps:
+                    bottom.step([x for x, _ in caps], [c for _, c in caps], where="post", linestyle=":",
+                                label="cap")
+            bottom.set_xlabel("minutes")
+            bottom.set_ylabel("spot instances")
+        axes[0][0].legend(fontsize=7)
+        axes[1][0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"throughput_{model}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+
+    avg = {(r["model"], r["policy"]): r for r in result["results"] if r["segment"] == "avg"}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(policies)
+    for ax, key, title, idx in ((axes[0], "throughput_rel_verl", "throughput vs veRL", 0),
+                                (axes[1], "cost_efficiency_rel_verl", "cost efficiency vs veRL", 1)):
+        for i, policy in enumerate(policies):
+            ax.bar([m + i * width for m in range(len(models))], [avg[(model, policy)][key] for model in models],
+                   width, label=policy)
+        paper = [PAPER_RLBOOST.get(model, (None, None))[idx] for model in models]
+        rl = policies.index("rlboost") if "rlboost" in policies else None
+        if rl is not None:
+            ax.scatter([m + rl * width for m, p in enumerate(paper) if p], [p for p in paper if p], marker="*",
+                       s=120, color="black", zorder=3, label="paper (RLBoost)")
+        ax.axhline(1.0, color="0.5", linewidth=0.8)
+        ax.set_xticks([m + 0.4 - width / 2 for m in range(len(models))], models)
+        ax.set_title(f"{title} (mean of segments)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "relative.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+    return written

@@ -1,0 +1,350 @@
+"""Simulated RL training runs at cluster scale: RLBoost, its ablations and the baselines it is compared
+with (DESIGN.md 2.9, the core of `rlboost simulate`).
+
+Contract: `simulate(SimConfig(...))` plays one policy on one model over one trace segment and returns
+a `SimResult`: one `StepRecord` per training step, the live instances over time, throughput (response
+tokens per second of wall time, each token counted once) and cost (CostMeter dollars, tokens per
+dollar). Deterministic: the same config gives the same result. The hybrid policies run the
+event-driven cluster of `rlboost.sim.cluster`, whose decisions are the project's real policy objects;
+veRL is the calibrated `colocated_step` of `rlboost.sim.profile`. Pure: no clock inside the model
+(only `SimResult.sim_s`, how long the simulation itself took), no torch, no Ray.
+
+Policies:
+- verl: colocated on the reserved node(s): rollout on all engines, then training on all GPUs, then
+  the weight sync; no instances.
+- verl2x: the same on twice the reserved nodes (twice the cost).
+- disagg: StreamRL-style static split of the reserved GPUs into rollout and training GPUs, stream
+  training, on-policy (the next rollout starts after the update); the split is swept.
+- rlboost: reserved engines seed for T_seed, then train on streamed groups while spot instances
+  (from the trace) finish the rollout; T_seed and the instance cap from the offload controller.
+- rlboost-noseed: T_seed fixed at 0, controller disabled (no cap).
+- rlboost-nomemory: the controller without its memory M[n].
+
+`python -m rlboost.sim.simulator` prints the table of every policy on the three segments.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from rlboost.policies.offload import OffloadConfig, OffloadController
+from rlboost.sim.cluster import ClusterRun, StepRecord
+from rlboost.sim.profile import MODELS, ProfileConfig, colocated_step, make_profiles
+from rlboost.sim.workload import Workload, WorkloadConfig
+from rlboost.spot.cost import CostConfig, CostMeter
+from rlboost.spot.trace import SEGMENTS, TraceConfig, load_trace
+
+_PREFIX = "simulate"
+POLICIES = ("verl", "verl2x", "disagg", "rlboost", "rlboost-noseed", "rlboost-nomemory")
+MIGRATIONS = ("token", "recompute")
+DISAGG_PILOT_STEPS = 3
+"""disagg with rollout_gpus=0 picks its split from this many steps of every allowed split."""
+
+
+def _sim_trace() -> TraceConfig:
+    return TraceConfig(sample=0.5, time_scale=1.0, seed=0)
+
+
+@dataclass
+class SimConfig:
+    """One simulated run: a model, a policy, a trace segment and the cluster around them."""
+
+    model: str = "qwen3-8b"
+    """A model of rlboost.sim.profile.MODELS: qwen3-8b, qwen3-14b or qwen3-32b."""
+    policy: str = "rlboost"
+    """verl | verl2x | disagg | rlboost | rlboost-noseed | rlboost-nomemory (module docstring)."""
+    segment: str = "A"
+    """Segment of the bundled trace: A (abundant), B (fluctuating), C (scarce), 2 hours each. Applies
+    when `trace.path` is empty; a CSV of one's own is replayed from its start (or trace.start_h)."""
+    trace: TraceConfig = field(default_factory=_sim_trace)
+    """The trace replayed: the bundled Bamboo trace by default, with 50% of its instances (the
+    paper's sampling) and real time (time_scale 1). Its `segment`, `seed` and `notice_s` are
+    superseded by this config's `segment`, `seed` and `notice_s`; `path` takes any
+    `time_s,available_instances` CSV; `max_instances` caps the instances."""
+    reserved_nodes: int = 1
+    """Reserved (on-demand) nodes of gpus_per_node H100s each; verl2x doubles it."""
+    gpus_per_node: int = 8
+    """GPUs of a reserved node."""
+    gpus_per_instance: int = 2
+    """GPUs of a spot instance (the paper rents 2xH100). It runs gpus_per_instance // tp engines; an
+    instance too small for one engine of the model cannot serve it, and none is rented."""
+    duration_s: float = 7200.0
+    """Steps start while the clock is below this (a segment is 2 hours); the step under way at that
+    moment runs to its end, so the run covers the segment and throughput has no partial step."""
+    instance_startup_s: float = 60.0
+    """From the launch of a spot instance to its engines' start, before its weight pull: VM boot,
+    container start and engine initialisation (CUDA context, CUDA-graph capture). About a minute on
+    the clouds' GPU VMs with a cached image; the instance is billed from its launch."""
+    stream_interval: int = 8
+    """Tokens per streamed chunk: a hard preemption loses the unstreamed tokens of each in-flight
+    sample, fewer than this many (bounded waste, DESIGN.md invariant 4)."""
+    migration: str = "token"
+    """What survives a preemption. token (RLBoost): every streamed token; the sample continues
+    elsewhere after a re-prefill of prompt + tokens. recompute (the baseline the paper compares
+    with): the sample restarts from scratch. Aborts (seed hand-off, rebalancing, notices, releases)
+    return exact partial outputs either way."""
+    max_pending: int = 4
+    """Θ: samples queued per engine beyond its max_num_seqs batch (JSQDispatcher's cap)."""
+    offload: OffloadConfig = field(default_factory=OffloadConfig)
+    """The offload controller (η, T_seed bounds, instance cap bounds, memory)."""
+    initial_seed_s: float = 60.0
+    """T_seed of the first step (the controller adapts it from there)."""
+    histopipe: bool = False
+    """Dispatch in HistoPipe order (previous epoch's lengths; no effect in an epoch's first pass)."""
+    notice_s: float = 0.0
+    """Preemption notices (our addition): an instance is warned this many seconds before its kill;
+    its samples are taken back at once and it gets no more work, so the kill wastes nothing."""
+    rollout_gpus: int = 0
+    """disagg only: reserved GPUs that run rollout (a multiple of tp, the rest train); 0: try every
+    split on the first DISAGG_PILOT_STEPS steps and run the best."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """Response lengths of every step (rlboost.sim.workload)."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """The calibrated performance model (rlboost.sim.profile)."""
+    cost: CostConfig = field(default_factory=CostConfig)
+    """Prices; its reserved_nodes is set from this config's (doubled for verl2x)."""
+    seed: int = 0
+    """Seeds the trace replay's choice of preemption victims (the one random draw of a run)."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if self.model not in MODELS:
+            raise ValueError(f"{_PREFIX}.model={self.model!r}; valid: {', '.join(sorted(MODELS))}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"{_PREFIX}.policy={self.policy!r}; valid: {', '.join(POLICIES)}")
+        if not self.trace.path and self.segment not in SEGMENTS:
+            raise ValueError(f"{_PREFIX}.segment={self.segment!r}; valid: {', '.join(SEGMENTS)}")
+        if self.migration not in MIGRATIONS:
+            raise ValueError(f"{_PREFIX}.migration={self.migration!r}; valid: {', '.join(MIGRATIONS)}")
+        for name in ("reserved_nodes", "gpus_per_node", "gpus_per_instance", "stream_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_PREFIX}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_pending < 0:
+            raise ValueError(f"{_PREFIX}.max_pending must be >= 0, got {self.max_pending}")
+        if self.rollout_gpus < 0:
+            raise ValueError(f"{_PREFIX}.rollout_gpus must be >= 0, got {self.rollout_gpus}")
+        for name in ("duration_s", "instance_startup_s", "initial_seed_s", "notice_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{_PREFIX}.{name} must be finite and >= 0, got {value}")
+        if self.duration_s <= 0:
+            raise ValueError(f"{_PREFIX}.duration_s must be > 0, got {self.duration_s}")
+        self.trace.validate()
+        self.offload.validate()
+        self.workload.validate()
+        self.profile.validate()
+        self.cost.validate()
+
+
+@dataclass
+class SimResult:
+    """What a simulated run did and cost."""
+
+    config: SimConfig
+    steps: list[StepRecord]
+    timeline: list[tuple[float, int]]
+    """(time, instances launched and not ended) at every change, from (0, 0)."""
+    caps: list[tuple[float, int | None]]
+    """(time, instance cap handed to the trace replay) whenever it changed (None: no cap)."""
+    wall_s: float
+    """Wall time of the run: the end of its last step."""
+    tokens: int
+    """Response tokens of all steps, each counted once (generated and trained)."""
+    tokens_generated: int
+    """Decode tokens of every engine: tokens + wasted + recomputed."""
+    throughput_tokens_per_s: float
+    """tokens / wall_s: the paper's throughput."""
+    cost_usd: float
+    """CostMeter total: reserved nodes for wall_s, instances for their lives (boot included)."""
+    tokens_per_usd: float
+    """tokens / cost_usd: the paper's cost efficiency."""
+    preemptions: int
+    """Instances hard-killed by the trace."""
+    instance_seconds: float
+    """Instance-seconds billed."""
+    wasted_tokens: int
+    recomputed_tokens: int
+    migrations: int
+    rollout_gpus: int
+    """Reserved GPUs that generate (disagg: the chosen split)."""
+    train_gpus: int
+    """GPUs that train."""
+    sim_s: float = 0.0
+    """Seconds the simulation itself took (not part of the model)."""
+
+    def relative_to(self, baseline: SimResult) -> dict[str, float]:
+        """Throughput and cost efficiency as multiples of a baseline's (the paper reports both
+        relative to veRL on the same model and segment)."""
+        return {"throughput": self.throughput_tokens_per_s / baseline.throughput_tokens_per_s,
+                "cost_efficiency": self.tokens_per_usd / baseline.tokens_per_usd}
+
+
+def simulate(cfg: SimConfig) -> SimResult:
+    """Run one simulated training run (see the module docstring)."""
+    cfg.validate()
+    t0 = time.perf_counter()
+    if cfg.policy in ("verl", "verl2x"):
+        result = _colocated(cfg, cfg.reserved_nodes * (2 if cfg.policy == "verl2x" else 1))
+    elif cfg.policy == "disagg":
+        result = _disagg(cfg)
+    else:
+        result = _hybrid(cfg)
+    result.sim_s = time.perf_counter() - t0
+    return result
+
+
+def _meter(cfg: SimConfig, nodes: int) -> CostMeter:
+    return CostMeter(replace(cfg.cost, reserved_nodes=nodes))
+
+
+def _result(cfg: SimConfig, steps: list[StepRecord], meter: CostMeter, timeline, caps, preemptions: int,
+            rollout_gpus: int, train_gpus: int) -> SimResult:
+    wall = steps[-1].end_s if steps else 0.0
+    tokens = sum(s.tokens_trained for s in steps)
+    return SimResult(
+        config=cfg, steps=steps, timeline=list(timeline), caps=list(caps), wall_s=wall, tokens=tokens,
+        tokens_generated=sum(s.tokens_generated for s in steps),
+        throughput_tokens_per_s=tokens / wall if wall > 0 else 0.0, cost_usd=meter.usd,
+        tokens_per_usd=tokens / meter.usd if meter.usd > 0 else 0.0, preemptions=preemptions,
+        instance_seconds=sum(meter.instance_s.values()), wasted_tokens=sum(s.wasted_tokens for s in steps),
+        recomputed_tokens=sum(s.recomputed_tokens for s in steps), migrations=sum(s.migrations for s in steps),
+        rollout_gpus=rollout_gpus, train_gpus=train_gpus)
+
+
+def _colocated(cfg: SimConfig, nodes: int) -> SimResult:
+    """veRL: the calibrated colocated step (samples dealt round robin to every engine, rollout, then
+    training on every GPU), then the weight sync to the engines."""
+    engine, train = make_profiles(cfg.model, cfg.profile)
+    gpus = nodes * cfg.gpus_per_node
+    engines = gpus // engine.tp
+    if engines < 1:
+        raise ValueError(f"{cfg.model} needs tp={engine.tp} GPUs per engine; the reserved nodes have {gpus}")
+    work = Workload(cfg.workload)
+    meter = _meter(cfg, nodes)
+    sync_s = train.weight_sync_s(cfg.profile.reserved_gbps)
+    steps: list[StepRecord] = []
+    t, k = 0.0, 0
+    while t < cfg.duration_s:
+        lengths = [length for group in work.step(k) for length in group]
+        r = colocated_step(engine, train, lengths, cfg.workload.prompt_len, engines, gpus)
+        wall = r["step_s"] + sync_s
+        usd = meter.charge_step(wall, 0.0, r["tokens"])["cost/usd"]
+        steps.append(StepRecord(
+            step=k, start_s=t, end_s=t + wall, rollout_s=r["rollout_s"], train_s=r["train_s"], seed_s=0.0,
+            reserved_rollout_s=r["rollout_s"], tokens_generated=r["tokens"], tokens_trained=r["tokens"],
+            instances_start=0, instances_end=0, preemptions=0, migrations=0, wasted_tokens=0,
+            recomputed_tokens=0, wait_train_s=0.0, wait_remote_s=0.0, usd=usd))
+        t += wall
+        k += 1
+    return _result(cfg, steps, meter, [(0.0, 0)], [], 0, gpus, gpus)
+
+
+def _cluster(cfg: SimConfig, *, rollout_gpus: int, train_gpus: int, colocated: bool, spot: bool,
+             controller: OffloadController | None, seed_s: float, max_steps: int | None = None
+             ) -> tuple[ClusterRun, list[StepRecord]]:
+    engine, train = make_profiles(cfg.model, cfg.profile)
+    trace = None
+    if spot:
+        trace_cfg = replace(cfg.trace, segment="" if cfg.trace.path else cfg.segment, seed=cfg.seed,
+                            notice_s=cfg.notice_s)
+        trace = load_trace(trace_cfg)
+    run = ClusterRun(cfg, engine=engine, train=train, workload=Workload(cfg.workload), rollout_gpus=rollout_gpus,
+                     train_gpus=train_gpus, colocated=colocated, trace=trace, controller=controller,
+                     seed_s=seed_s, meter=_meter(cfg, cfg.reserved_nodes), max_steps=max_steps)
+    return run, run.run()
+
+
+def _hybrid(cfg: SimConfig) -> SimResult:
+    engine, _ = make_profiles(cfg.model, cfg.profile)
+    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+    if gpus // engine.tp < 1:
+        raise ValueError(f"{cfg.model} needs tp={engine.tp} GPUs per engine; the reserved nodes have {gpus}")
+    if cfg.policy == "rlboost-noseed":
+        offload, seed_s = replace(cfg.offload, enabled=False), 0.0
+    elif cfg.policy == "rlboost-nomemory":
+        offload, seed_s = replace(cfg.offload, memory=False), cfg.initial_seed_s
+    else:
+        offload, seed_s = cfg.offload, cfg.initial_seed_s
+    # N_resv in instance-equivalents of rollout throughput: reserved GPUs per instance's GPUs.
+    controller = OffloadController(offload, seed_s, num_reserved=max(gpus // cfg.gpus_per_instance, 1))
+    run, steps = _cluster(cfg, rollout_gpus=gpus, train_gpus=gpus, colocated=True, spot=True,
+                          controller=controller if offload.enabled else None, seed_s=seed_s)
+    return _result(cfg, steps, run.meter, run.timeline, run.caps, run.total_preemptions, gpus, gpus)
+
+
+def disagg_splits(cfg: SimConfig) -> list[int]:
+    """The rollout GPU counts disagg may use: whole engines (multiples of tp), at least one GPU left
+    to train."""
+    engine, _ = make_profiles(cfg.model, cfg.profile)
+    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+    return [r for r in range(engine.tp, gpus, engine.tp)]
+
+
+def _disagg(cfg: SimConfig) -> SimResult:
+    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+    splits = disagg_splits(cfg)
+    if not splits:
+        raise ValueError(f"disagg: {gpus} reserved GPUs cannot be split into rollout engines and trainers")
+    if cfg.rollout_gpus:
+        if cfg.rollout_gpus not in splits:
+            raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: "
+                             f"{', '.join(map(str, splits))}")
+        rollout = cfg.rollout_gpus
+    else:
+        def pilot(r: int) -> float:
+            _, steps = _cluster(cfg, rollout_gpus=r, train_gpus=gpus - r, colocated=False, spot=False,
+                                controller=None, seed_s=0.0, max_steps=DISAGG_PILOT_STEPS)
+            return sum(s.tokens_trained for s in steps) / steps[-1].end_s
+
+        rollout = max(splits, key=pilot)
+    run, steps = _cluster(cfg, rollout_gpus=rollout, train_gpus=gpus - rollout, colocated=False, spot=False,
+                          controller=None, seed_s=0.0)
+    return _result(cfg, steps, run.meter, run.timeline, run.caps, 0, rollout, gpus - rollout)
+
+
+def table(model: str = "qwen3-8b", segments: str = "ABC", policies=POLICIES, **overrides) -> str:
+    """Markdown table: every policy on every segment, with throughput and cost efficiency relative
+    to verl on the same segment, and the mean over the segments."""
+    lines = ["| policy | segment | tokens/s | vs verl | tokens/$ | vs verl | steps | instances (mean) "
+             "| preemptions | T_seed last | sim s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    means: dict[str, list[tuple[float, float]]] = {}
+    for segment in segments:
+        base = None
+        for policy in ("verl",) + tuple(p for p in policies if p != "verl"):
+            r = simulate(SimConfig(model=model, policy=policy, segment=segment, **overrides))
+            base = base or r
+            rel = r.relative_to(base)
+            means.setdefault(policy, []).append((rel["throughput"], rel["cost_efficiency"]))
+            inst = (sum(s.instance_s for s in r.steps) / r.wall_s) if r.wall_s else 0.0
+            if policy in policies:
+                lines.append(f"| {policy} | {segment} | {r.throughput_tokens_per_s:,.0f} | {rel['throughput']:.2f}x "
+                             f"| {r.tokens_per_usd:,.0f} | {rel['cost_efficiency']:.2f}x | {len(r.steps)} "
+                             f"| {inst:.1f} | {r.preemptions} | {r.steps[-1].seed_s:.0f} | {r.sim_s:.1f} |")
+    lines.append("")
+    lines.append("| policy | throughput vs verl (mean of segments) | cost efficiency vs verl |")
+    lines.append("|---|---|---|")
+    for policy in policies:
+        vals = means[policy]
+        lines.append(f"| {policy} | {sum(v[0] for v in vals) / len(vals):.2f}x "
+                     f"| {sum(v[1] for v in vals) / len(vals):.2f}x |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    import sys
+
+    models = sys.argv[1:] or ["qwen3-8b"]
+    for model in models:
+        print(f"## {model}\n")
+        print(table(model))
+        print()
+
+
+__all__ = ["DISAGG_PILOT_STEPS", "MIGRATIONS", "POLICIES", "SimConfig", "SimResult", "StepRecord", "disagg_splits",
+           "simulate", "table"]
+
+
+if __name__ == "__main__":
+    main()

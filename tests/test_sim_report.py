@@ -1,0 +1,44 @@
+"""`rlboost simulate`: the table, the JSON the issue specifies (with `avg` rows), the plots, dotted
+overrides of the simulator's config and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlboost.cli import main
+
+
+def run(tmp_path, *args) -> int:
+    return main(["simulate", "--models", "qwen3-8b", "--segments", "AC", "--policies", "verl,rlboost,rlboost-noseed",
+                 "--plots", str(tmp_path / "plots"), *args])
+
+
+def test_simulate_writes_the_json_rows_and_the_plots(tmp_path):
+    assert run(tmp_path, "--json", str(tmp_path / "sim.json"), "duration_s=1800") == 0
+    result = json.loads((tmp_path / "sim.json").read_text())
+    rows = {(r["segment"], r["policy"]): r for r in result["results"]}
+    assert set(rows) == {(s, p) for s in ("A", "C", "avg") for p in ("verl", "rlboost", "rlboost-noseed")}
+    for row in rows.values():
+        assert {"model", "segment", "policy", "throughput_tokens_per_s", "cost_usd", "throughput_rel_verl",
+                "cost_efficiency_rel_verl"} <= set(row)
+        assert row["model"] == "qwen3-8b"
+    assert rows[("A", "verl")]["throughput_rel_verl"] == 1.0
+    for key in ("throughput_rel_verl", "cost_efficiency_rel_verl", "throughput_tokens_per_s"):
+        assert rows[("avg", "rlboost")][key] == pytest.approx((rows[("A", "rlboost")][key] + rows[("C", "rlboost")][key]) / 2)
+    # spot instances bought throughput on the abundant segment
+    assert rows[("A", "rlboost")]["throughput_rel_verl"] > 1.2
+    assert result["config"]["duration_s"] == 1800  # the override reached the simulator
+    assert {p.name for p in (tmp_path / "plots").iterdir()} == {"throughput_qwen3-8b.png", "relative.png"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["duraton_s=10"], "unknown config key `duraton_s`"),
+    (["--policies", "verl,rlboost,magic"], "unknown magic"),
+    (["model=gpt5"], "simulate.model='gpt5'"),
+])
+def test_bad_input_exits_2_naming_it(tmp_path, capsys, args, message):
+    code = main(["simulate", "--plots", str(tmp_path / "plots"), *args])
+    assert code == 2
+    assert message in capsys.readouterr().out.replace("\n", "")
