@@ -22,10 +22,12 @@ from rlboost.sim.profile import (
 
 
 def small_engine(kv_tokens: int, max_num_seqs: int = 512) -> EngineProfile:
-    """An 8B engine with room for about `kv_tokens` tokens of KV, so that samples must take turns."""
+    """An 8B engine on one GPU with room for about `kv_tokens` tokens of KV, so that samples must take
+    turns."""
     m = MODELS["qwen3-8b"]
     gpu = GPUSpec("small", H100.hbm_bytes_per_s, H100.peak_flops, memory_bytes=m.weight_bytes + kv_tokens * 147456)
-    return EngineProfile(m, gpu, ProfileConfig(kv_memory_fraction=1.0, max_num_seqs=max_num_seqs))
+    return EngineProfile(m, gpu, ProfileConfig(kv_memory_fraction=1.0, max_num_seqs=max_num_seqs,
+                                               tp={"qwen3-8b": 1}))
 
 
 def reference(engine: EngineProfile, prompt_len: int, actions: list) -> tuple[dict, dict, int, float]:

@@ -53,20 +53,27 @@ def slow_advance(engine, batch, context, steps):
     return sum(engine.step_s(batch, context + k * batch) for k in range(steps))
 
 
+# An 8B engine on one GPU (the default runs it at tp=2, as the RLBoost artifact does).
+TP1 = ProfileConfig(tp={"qwen3-8b": 1})
+
+
 def test_step_is_memory_bound_at_small_batch_and_compute_bound_at_large():
-    engine, _ = make_profiles("qwen3-8b")
+    engine = EngineProfile(MODELS["qwen3-8b"], H100, TP1)
     cfg = engine.cfg
     weight_read = MODELS["qwen3-8b"].matmul_weight_bytes / (H100.hbm_bytes_per_s * cfg.mem_efficiency)
     assert engine.step_s(1, 0) == pytest.approx(cfg.step_overhead_s + weight_read)
     compute = 512 * 2 * MODELS["qwen3-8b"].matmul_params / (H100.peak_flops * cfg.compute_mfu_decode)
     assert engine.step_s(512, 512) == pytest.approx(cfg.step_overhead_s + compute, rel=1e-3)
+    default, _ = make_profiles("qwen3-8b")  # tp=2: each GPU reads half the weights
+    assert default.tp == 2
+    assert default.step_s(1, 0) == pytest.approx(default.overhead_s + weight_read / 2)
     assert engine.step_s(1, 100_000) > engine.step_s(1, 0)  # reading the KV cache costs time
 
 
 def test_tensor_parallel_adds_all_reduce_latency_and_splits_the_reads():
     cfg = ProfileConfig(tp={"qwen3-8b": 2})
     engine = EngineProfile(MODELS["qwen3-8b"], H100, cfg)
-    single = EngineProfile(MODELS["qwen3-8b"], H100, ProfileConfig())
+    single = EngineProfile(MODELS["qwen3-8b"], H100, TP1)
     assert engine.tp == 2
     assert engine.overhead_s == pytest.approx(cfg.step_overhead_s + 2 * 36 * cfg.tp_allreduce_s)
     assert engine.step_s(1, 0) - engine.overhead_s == pytest.approx((single.step_s(1, 0) - single.overhead_s) / 2)
@@ -141,7 +148,7 @@ def test_steps_within_edges():
 
 
 def test_prefill():
-    engine, _ = make_profiles("qwen3-8b")
+    engine = EngineProfile(MODELS["qwen3-8b"], H100, TP1)
     assert engine.prefill_s(0) == 0.0
     one = engine.prefill_s(512)
     # Batched prompts share one weight read and one overhead.
@@ -159,13 +166,13 @@ def test_prefill():
 def test_max_batch():
     engine, _ = make_profiles("qwen3-8b")
     m = MODELS["qwen3-8b"]
-    capacity = (80e9 - m.weight_bytes) * engine.cfg.kv_memory_fraction / m.kv_bytes_per_token()
+    capacity = (2 * 80e9 - m.weight_bytes) * engine.cfg.kv_memory_fraction / m.kv_bytes_per_token()  # tp=2
     assert engine.kv_capacity_tokens == pytest.approx(capacity)
-    assert engine.max_batch(5000) == int(capacity // 5000)
-    assert engine.max_batch(10) == engine.cfg.max_num_seqs == 512
+    assert engine.max_batch(5000) == int(capacity // 5000) < engine.cfg.max_num_seqs
+    assert engine.max_batch(10) == engine.cfg.max_num_seqs == 256  # the artifact's max_num_seqs
     tiny_gpu = GPUSpec("tiny", 3.35e12, 989e12, memory_bytes=10e9)
     assert EngineProfile(m, tiny_gpu, ProfileConfig(tp={})).tp == 4  # fallback: weights <= half the memory
-    assert EngineProfile(m, tiny_gpu, ProfileConfig()).max_batch(1000) == 0  # tp=1: the weights do not fit
+    assert EngineProfile(m, tiny_gpu, TP1).max_batch(1000) == 0  # tp=1: the weights do not fit
 
 
 def test_a_model_without_a_configured_tp_gets_one_its_weights_fit():
@@ -184,7 +191,7 @@ def test_tokens_per_s_grows_with_batch():
 
 def test_default_tp_and_spot_layout():
     cfg = ProfileConfig()
-    assert cfg.tp == {"qwen3-8b": 1, "qwen3-14b": 2, "qwen3-32b": 2}
+    assert cfg.tp == {"qwen3-8b": 2, "qwen3-14b": 2, "qwen3-32b": 2}  # the artifact runs 8B at tp=2
     for name in MODELS:
         engine, _ = make_profiles(name)
         assert engine.tp <= 2  # one engine fits a 2xH100 spot instance
@@ -294,7 +301,7 @@ def test_engine_rollout_matches_the_reference_when_the_kv_cache_overflows():
     # Memory for the weights plus ~700 tokens of KV: the samples must take turns and get evicted.
     m = MODELS["qwen3-8b"]
     gpu = GPUSpec("small", H100.hbm_bytes_per_s, H100.peak_flops, memory_bytes=m.weight_bytes + 700 * 147456)
-    engine = EngineProfile(m, gpu, ProfileConfig(kv_memory_fraction=1.0))
+    engine = EngineProfile(m, gpu, replace(TP1, kv_memory_fraction=1.0))
     rng = random.Random(3)
     lengths = [rng.randint(1, 300) for _ in range(12)]
     result = engine_rollout(engine, lengths, 32)
@@ -306,7 +313,7 @@ def test_engine_rollout_matches_the_reference_when_the_kv_cache_overflows():
 def test_engine_rollout_rejects_a_sample_that_can_never_fit():
     m = MODELS["qwen3-8b"]
     gpu = GPUSpec("small", H100.hbm_bytes_per_s, H100.peak_flops, memory_bytes=m.weight_bytes + 100 * 147456)
-    engine = EngineProfile(m, gpu, ProfileConfig(kv_memory_fraction=1.0))
+    engine = EngineProfile(m, gpu, replace(TP1, kv_memory_fraction=1.0))
     with pytest.raises(ValueError, match="does not fit"):
         engine_rollout(engine, [200], 32)
 
@@ -318,9 +325,20 @@ def test_colocated_step_composes_rollout_and_training():
     engine, train = make_profiles("qwen3-8b")
     rng = random.Random(0)
     lengths = [rng.randint(1, 14336) for _ in range(64)]
-    result = colocated_step(engine, train, lengths, 512, engines=8, gpus=8)
-    slowest = max(engine_rollout(engine, lengths[e::8], 512).seconds for e in range(8))
+    result = colocated_step(engine, train, lengths, 512, engines=4, gpus=8)
+    # veRL's SPMD rollout: each engine decodes a contiguous quarter of the batch
+    slowest = max(engine_rollout(engine, lengths[16 * e:16 * (e + 1)], 512).seconds for e in range(4))
     assert result["rollout_s"] == pytest.approx(slowest)
+    dealt = colocated_step(engine, train, lengths, 512, engines=4, gpus=8, dispatch="round_robin")
+    assert dealt["rollout_s"] == pytest.approx(max(engine_rollout(engine, lengths[e::4], 512).seconds
+                                                   for e in range(4)))
+    assert dealt["rollout_s"] != pytest.approx(result["rollout_s"])
+    uneven = colocated_step(engine, train, lengths[:63], 512, engines=4, gpus=8)  # the last engine takes the rest
+    assert uneven["rollout_s"] == pytest.approx(max(
+        [engine_rollout(engine, lengths[15 * e:15 * (e + 1)], 512).seconds for e in range(3)]
+        + [engine_rollout(engine, lengths[45:63], 512).seconds]))
+    with pytest.raises(ValueError, match="dispatch"):
+        colocated_step(engine, train, lengths, 512, engines=4, gpus=8, dispatch="random")
     sequences = [512 + n for n in lengths]
     context = sum(s * (s - 1) / 2 for s in sequences) / sum(sequences)
     assert result["train_s"] == pytest.approx(train.train_s(sum(sequences), 8, context))

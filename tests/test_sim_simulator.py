@@ -15,7 +15,7 @@ from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.sim.cluster import ClusterRun
-from rlboost.sim.profile import CALIBRATION_TARGET, ProfileConfig, colocated_run
+from rlboost.sim.profile import CALIBRATION_TARGET, ProfileConfig, colocated_run, colocated_step, make_profiles
 from rlboost.sim.simulator import POLICIES, SimConfig, disagg_splits, simulate
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostMeter
@@ -49,13 +49,14 @@ def test_verl_reproduces_the_calibration():
 
 def test_disagg_splits_the_node_and_keeps_the_best_split():
     splits = disagg_splits(SimConfig())
-    assert splits == [1, 2, 3, 4, 5, 6, 7]
-    assert disagg_splits(SimConfig(model="qwen3-14b")) == [2, 4, 6]  # whole tp=2 engines
+    assert splits == [2, 4, 6]  # whole tp=2 engines
+    tp1 = SimConfig(profile=ProfileConfig(tp={"qwen3-8b": 1}))
+    assert disagg_splits(tp1) == [1, 2, 3, 4, 5, 6, 7]
     short = dict(policy="disagg", duration_s=1200)
     best = simulate(SimConfig(**short))
     assert best.rollout_gpus in splits and best.train_gpus == 8 - best.rollout_gpus
     assert best.instance_seconds == 0 and best.cost_usd == pytest.approx(RESERVED_USD_PER_S * best.wall_s)
-    for r in (1, 7):  # the extremes starve one side
+    for r in (2, 6):  # the extremes starve one side
         assert simulate(SimConfig(rollout_gpus=r, **short)).throughput_tokens_per_s < best.throughput_tokens_per_s
     with pytest.raises(ValueError, match="rollout_gpus"):
         simulate(SimConfig(rollout_gpus=8, **short))
@@ -68,9 +69,16 @@ def test_zero_instances_is_the_colocated_fallback(tmp_path):
     assert r.migrations == 0 and r.instance_seconds == 0 and r.preemptions == 0
     assert r.timeline == [(0.0, 0)]
     assert r.cost_usd == pytest.approx(RESERVED_USD_PER_S * r.wall_s)
+    engine, train = make_profiles("qwen3-8b")
+    work = Workload(WorkloadConfig())
     for s in r.steps:  # the reserved engines generate everything, then train
         assert s.reserved_rollout_s == s.rollout_s and s.wait_train_s == 0 and s.wasted_tokens == 0
-    assert 0.95 * verl.throughput_tokens_per_s <= r.throughput_tokens_per_s <= 1.03 * verl.throughput_tokens_per_s
+        # the manager deals samples one by one (JSQ), which is veRL's step with round-robin dispatch
+        lengths = [n for group in work.step(s.step) for n in group]
+        dealt = colocated_step(engine, train, lengths, 512, engines=4, gpus=8, dispatch="round_robin")
+        assert s.end_s - s.start_s == pytest.approx(dealt["step_s"] + train.weight_sync_s(200.0), rel=1e-6)
+    # veRL's SPMD rollout gives each engine a contiguous chunk of prompts, whose lengths correlate
+    assert 1.0 < r.throughput_tokens_per_s / verl.throughput_tokens_per_s < 1.15
 
 
 def test_an_instance_too_small_for_one_engine_is_never_rented():
@@ -153,19 +161,53 @@ def test_notices_reduce_the_waste_to_zero():
 
 
 def test_t_seed_converges_on_a_stable_trace(tmp_path):
-    r = simulate(SimConfig(trace=trace_file(tmp_path, "0,8\n7200,8")))
-    seeds = [s.seed_s for s in r.steps]
-    assert len(seeds) >= 15 and r.preemptions == 0
-    first = max(abs(b - a) for a, b in zip(seeds[:4], seeds[1:4]))
-    last = max(abs(b - a) for a, b in zip(seeds[-6:], seeds[-5:]))
-    assert last < first / 2
-    assert all(s.instances_start == 8 for s in r.steps[1:])
+    trace = trace_file(tmp_path, "0,8\n7200,8")
+    ends = []
+    for start in (200.0, 5.0):  # from far above and from the floor
+        r = simulate(SimConfig(trace=trace, initial_seed_s=start))
+        seeds = [s.seed_s for s in r.steps]
+        assert len(seeds) >= 15 and r.preemptions == 0
+        first = max(abs(b - a) for a, b in zip(seeds[:4], seeds[1:4]))
+        last = max(abs(b - a) for a, b in zip(seeds[-6:], seeds[-5:]))
+        assert last < first / 2
+        assert all(s.instances_start == 8 for s in r.steps[1:])
+        ends.append(sum(seeds[-5:]) / 5)
+    assert abs(ends[0] - ends[1]) < 15  # the same window, whichever side it came from
+
+
+def test_the_controller_gets_the_papers_timings(monkeypatch):
+    # t_wait_remote: the step's end (its last update) minus its last response; t_remote: the last
+    # response minus the seeding hand-off; t_train: trainer compute; t_wait_train: trainer idle.
+    seen = []
+    original = OffloadController.update
+
+    def update(self, timings):
+        seen.append(timings)
+        return original(self, timings)
+
+    monkeypatch.setattr(OffloadController, "update", update)
+    r = simulate(SimConfig(segment="A", duration_s=1500))
+    sync_s = make_profiles("qwen3-8b")[1].weight_sync_s(200.0)
+    assert len(seen) == len(r.steps) >= 4
+    for t, s in zip(seen, r.steps):
+        assert s.migrated.get("seed_handoff", 0) > 0
+        train_end = s.end_s - sync_s
+        assert t.wait_remote_s == pytest.approx(train_end - (s.start_s + s.rollout_s)) == s.wait_remote_s
+        assert t.remote_s == pytest.approx(s.rollout_s - s.reserved_rollout_s) == s.remote_s
+        assert 0 < t.remote_s < s.rollout_s
+        assert t.train_s == s.train_s and t.wait_train_s == s.wait_train_s
+        assert t.instances == s.instances_start
+    cfg = SimConfig().offload  # the artifact's controller settings, not the runtime's CPU-test defaults
+    assert (cfg.eta, cfg.min_seed_s, cfg.max_seed_s) == (3.0, 5.0, 3600.0)
+    assert all(5.0 <= s.seed_s <= 3600.0 for s in r.steps)
 
 
 def test_noseed_and_nomemory_ablations():
     short = dict(segment="B", duration_s=3000)
     noseed = simulate(SimConfig(policy="rlboost-noseed", **short))
-    assert all(s.seed_s == 0 for s in noseed.steps) and all(s.cap is None for s in noseed.steps)
+    assert all(s.seed_s == 0 for s in noseed.steps)
+    # only seeding is removed: the controller still caps the instances
+    assert all(s.cap is not None for s in noseed.steps)
     assert all(s.migrated.get("seed_handoff", 0) > 0 for s in noseed.steps)
     full = simulate(SimConfig(policy="rlboost", **short))
     nomemory = simulate(SimConfig(policy="rlboost-nomemory", **short))

@@ -84,7 +84,7 @@ class StepRecord:
     wait_train_s: float
     """Trainer idle time waiting for groups after it was given the reserved GPUs."""
     wait_remote_s: float
-    """Mean idle time of the instances' engines from their last sample to the end of training."""
+    """t_wait_remote: from the step's last response to the end of its training (0 without instances)."""
     usd: float
     """What the step cost: reserved nodes for end_s - start_s, instances for their seconds in it."""
     cap: int | None = None
@@ -96,6 +96,8 @@ class StepRecord:
     migration/* metrics)."""
     in_flight_at_preemption: int = 0
     """Samples held by instances when they were hard-killed (the bound on waste is per such sample)."""
+    remote_s: float = 0.0
+    """t_remote: from the seeding hand-off to the step's last response (0 without a hand-off)."""
 
 
 class _Sample:
@@ -382,6 +384,7 @@ class ClusterRun:
         self.wait_train = 0.0
         self.idle_since: float | None = None
         self.released = False
+        self.handoff_s: float | None = None  # when the seeding window handed off (None: no hand-off)
         self.fallback = False
         self.rollout_end: float | None = None
         self.reserved_rollout_s = 0.0
@@ -472,6 +475,7 @@ class ClusterRun:
                 self._take_back(e, sorted(e.assigned), "seed_handoff")
             e.accepting = False
         self.seeding = False
+        self.handoff_s = self.now
         self.reserved_rollout_s = self.now - self.step_start
         self._release_trainer()
 
@@ -520,16 +524,21 @@ class ClusterRun:
             self.idle_since = self.now
             return
         self.train_end = self.now
-        wait_remote = (sum(self.now - t for t in self.last_finishes) / len(self.last_finishes)
-                       if self.last_finishes else 0.0)
+        # The paper's timings, as its artifact measures them (docs/simulator.md, "The hybrid step"):
+        # t_wait_remote is how long the step went on after its last response (the instances' idle
+        # time until the step ends), and t_remote how long the instances generated on their own,
+        # from the hand-off to the last response; the seeding window is T_seed x N_resv of the cap's
+        # numerator, so counting it in t_remote too would count it twice.
+        wait_remote = self.now - self.rollout_end if self.last_finishes else 0.0
+        remote_s = self.rollout_end - self.handoff_s if self.handoff_s is not None else 0.0
         self.wait_remote = wait_remote
+        self.remote_s = remote_s
         self.instances_end = len(self.instances)
         if self.controller is not None:
             stable = self.instances_end == self.instances_start and self.st_preemptions == 0
             self.controller.update(StepTimings(
                 instances=self.instances_start, stable=stable, wait_train_s=self.wait_train,
-                wait_remote_s=wait_remote, remote_s=self.rollout_end - self.step_start,
-                train_s=self.train_compute))
+                wait_remote_s=wait_remote, remote_s=remote_s, train_s=self.train_compute))
             self.cap = self.controller.instance_cap()
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
@@ -555,7 +564,7 @@ class ClusterRun:
             preemptions=self.st_preemptions, migrations=sum(self.st_migrated.values()), wasted_tokens=self.st_wasted,
             recomputed_tokens=self.st_recomputed, wait_train_s=self.wait_train, wait_remote_s=self.wait_remote,
             usd=usd, cap=self.cap, instance_s=inst_s, migrated=dict(self.st_migrated),
-            in_flight_at_preemption=self.st_in_flight))
+            in_flight_at_preemption=self.st_in_flight, remote_s=self.remote_s))
 
     def _finish_run(self) -> None:
         for name in list(self.instances):

@@ -125,7 +125,7 @@ MODELS: dict[str, ModelSpec] = {
 
 
 def _default_tp() -> dict[str, int]:
-    return {"qwen3-8b": 1, "qwen3-14b": 2, "qwen3-32b": 2}
+    return {"qwen3-8b": 2, "qwen3-14b": 2, "qwen3-32b": 2}
 
 
 @dataclass
@@ -134,16 +134,17 @@ class ProfileConfig:
     (docs/simulator.md, "Performance model and its assumptions"): `mem_efficiency` is the one fitted
     factor; the others are fixed at values from the literature or from the systems' defaults."""
 
-    mem_efficiency: float = 0.70
+    mem_efficiency: float = 0.64
     """Achieved fraction of HBM bandwidth in a decode step (weight GEMVs and paged attention reading
-    the KV cache). FITTED to the veRL anchor (10,000 tokens/s for Qwen3-8B on 8xH100); well-tuned
-    GEMV/attention kernels reach 0.7-0.85 of peak alone, end-to-end decode less."""
+    the KV cache). FITTED to the veRL anchor (10,000 tokens/s for Qwen3-8B on 8xH100, the artifact's
+    setting: tp=2 engines, each decoding a contiguous chunk of the batch; exact fit 0.639);
+    well-tuned GEMV/attention kernels reach 0.7-0.85 of peak alone, end-to-end decode less."""
     compute_mfu_decode: float = 0.5
     """Achieved fraction of peak FLOP/s of decode matmuls when a large batch makes them compute-bound
     (bf16 GEMMs with skinny M reach ~50-70% of peak on H100; 0.5 for the whole step)."""
     prefill_mfu: float = 0.5
-    """Achieved fraction of peak FLOP/s in prefill (large GEMMs + flash attention; vLLM prefill
-    reaches ~50-60% MFU on H100)."""
+    """Achieved fraction of peak FLOP/s in prefill (large GEMMs + flash attention; vLLM and SGLang
+    prefill reach ~50-60% MFU on H100)."""
     train_mfu: float = 0.35
     """FSDP training MFU, counting 6 x params FLOPs per token for forward + backward (plus attention)
     and NOT the recomputation of activation checkpointing, as veRL's own perf/mfu does: veRL/FSDP
@@ -158,23 +159,23 @@ class ProfileConfig:
     """Fraction of the engine's memory left after the weights that holds KV cache. vLLM with
     gpu_memory_utilization=0.8 (veRL's long-response recipes) minus activations and CUDA graphs
     (~4 GB) leaves about 0.7 of (80 GB - weights) for Qwen3-8B."""
-    max_num_seqs: int = 512
-    """Cap on an engine's running samples whatever the KV room: vLLM captures CUDA graphs for decode
-    batches up to 512, and past a few hundred the step is compute-bound, so more samples would only
-    make each step slower without adding tokens/s."""
+    max_num_seqs: int = 256
+    """Cap on an engine's running samples whatever the KV room: the RLBoost artifact's engines
+    (max_num_seqs=256 on the reserved ones, --max-running-requests 256 on the instances). veRL's tp=2
+    engines get 256 samples of a step each, so the cap does not bind for the baseline."""
     reserved_gbps: float = 200.0
     """Weight-transfer bandwidth to or within the reserved cluster, Gbit/s (a 200 Gb/s NIC)."""
     spot_gbps: float = 50.0
     """Weight-transfer bandwidth to one spot instance, Gbit/s (cloud VM network of a 2-GPU instance)."""
     tp: dict[str, int] = field(default_factory=_default_tp)
-    """Tensor-parallel size of one rollout engine per model: the smallest whose KV cache holds an
-    engine's share of a step (128 long samples per GPU) without vLLM thrashing on recompute
-    preemptions, and at most 2 so that one engine fits a 2xH100 spot instance. 8B: 1 (16 GB of
-    weights leave 64 GB). 14B: 2 (at tp=1, 30 GB of weights leave too little: ~55 evictions per
-    engine per step and 21% fewer tokens/s). 32B: 2 (66 GB of weights do not leave room for long
-    contexts on one GPU; it still preempts, see docs/simulator.md). A 2xH100 spot instance thus runs
-    2, 1 and 1 engines. A model missing here gets the smallest power of two whose weights take at
-    most half of the engine's memory."""
+    """Tensor-parallel size of one rollout engine per model, for the reserved engines (veRL's too)
+    and the instances alike. 8B: 2, the RLBoost artifact's (tensor_model_parallel_size=2 for veRL
+    and RLBoost, --tp-size 2 on its instances). 14B: 2 (at tp=1, 30 GB of weights leave too little
+    KV: ~55 evictions per engine per step and 29% fewer tokens/s). 32B: 2, the most that fits a
+    2xH100 spot instance (66 GB of weights leave little room for long contexts; it still preempts,
+    see docs/simulator.md). A 2xH100 spot instance thus runs one engine of each model. A model
+    missing here gets the smallest power of two whose weights take at most half of the engine's
+    memory."""
     train_flops_factor: float = 5.0
     """Training FLOPs per trained token in units of the forward's (2 x matmul params + attention): 3 for
     forward + backward of the update, 1 for veRL's recomputation of the old log-probs, 1 for the
@@ -632,12 +633,18 @@ def engine_rollout(engine: EngineProfile, lengths: Sequence[int], prompt_len: in
     return EngineRollout(state.clock, state.preemptions, state.max_running)
 
 
+DISPATCHES = ("chunked", "round_robin")
+
+
 def colocated_step(engine: EngineProfile, train: TrainProfile, lengths: Sequence[int], prompt_len: int,
-                   engines: int, gpus: int) -> dict:
+                   engines: int, gpus: int, dispatch: str = "chunked") -> dict:
     """One veRL step on one node: rollout on `engines` engines, then training on the same `gpus` GPUs.
 
-    Samples go to engines round robin in the given order; each engine decodes its share
-    (`engine_rollout`); the rollout ends with the slowest engine. Training then covers every
+    `dispatch` says which samples each engine gets. "chunked" (veRL's synchronous SPMD rollout, what
+    the RLBoost artifact's baseline runs): the batch, a prompt's samples next to each other, is cut
+    into `engines` contiguous chunks, so one engine decodes every sample of its prompts (the last
+    engine takes any remainder). "round_robin": sample i goes to engine i mod engines. Each engine
+    decodes its share (`engine_rollout`); the rollout ends with the slowest engine. Training then covers every
     prompt and response token, with attention at the sequences' mean causal context. Returns
     rollout_s, train_s, step_s, tokens (generated), tokens_per_s (generated tokens per second of the
     whole step, all GPUs together) and preemptions (KV-full evictions, summed over the engines)."""
@@ -645,8 +652,15 @@ def colocated_step(engine: EngineProfile, train: TrainProfile, lengths: Sequence
         raise ValueError(f"colocated_step needs engines >= 1 and gpus >= 1, got {engines} and {gpus}")
     if not lengths:
         raise ValueError("colocated_step needs at least one response")
+    if dispatch not in DISPATCHES:
+        raise ValueError(f"colocated_step: dispatch={dispatch!r}; valid: {', '.join(DISPATCHES)}")
     lengths = list(lengths)
-    rollouts = [engine_rollout(engine, lengths[e::engines], prompt_len) for e in range(engines)]
+    if dispatch == "round_robin":
+        shares = [lengths[e::engines] for e in range(engines)]
+    else:
+        size = len(lengths) // engines
+        shares = [lengths[e * size:(e + 1) * size if e < engines - 1 else len(lengths)] for e in range(engines)]
+    rollouts = [engine_rollout(engine, share, prompt_len) for share in shares if share]
     rollout_s = max(r.seconds for r in rollouts)
     preemptions = sum(r.preemptions for r in rollouts)
     sequences = [prompt_len + length for length in lengths]

@@ -17,7 +17,8 @@ Policies:
   training, on-policy (the next rollout starts after the update); the split is swept.
 - rlboost: reserved engines seed for T_seed, then train on streamed groups while spot instances
   (from the trace) finish the rollout; T_seed and the instance cap from the offload controller.
-- rlboost-noseed: T_seed fixed at 0, controller disabled (no cap).
+- rlboost-noseed: T_seed pinned at 0; the controller still sets the instance cap (only seeding is
+  removed).
 - rlboost-nomemory: the controller without its memory M[n].
 
 `python -m rlboost.sim.simulator` prints the table of every policy on the three segments.
@@ -45,6 +46,13 @@ DISAGG_PILOT_STEPS = 3
 
 def _sim_trace() -> TraceConfig:
     return TraceConfig(sample=0.5, time_scale=1.0, seed=0)
+
+
+def _sim_offload() -> OffloadConfig:
+    # The RLBoost artifact's controller at H100 scale: T_seed moves by a third of the wait difference
+    # and never drops below 5 s, with no upper bound. The runtime's default bound of 120 s was chosen
+    # for CPU test runs; a window of up to an hour never binds (a colocated rollout takes 5-16 min).
+    return OffloadConfig(eta=3.0, min_seed_s=5.0, max_seed_s=3600.0)
 
 
 @dataclass
@@ -87,8 +95,10 @@ class SimConfig:
     return exact partial outputs either way."""
     max_pending: int = 4
     """Θ: samples queued per engine beyond its max_num_seqs batch (JSQDispatcher's cap)."""
-    offload: OffloadConfig = field(default_factory=OffloadConfig)
-    """The offload controller (η, T_seed bounds, instance cap bounds, memory)."""
+    offload: OffloadConfig = field(default_factory=_sim_offload)
+    """The offload controller (η, T_seed bounds, instance cap bounds, memory). Defaults: the RLBoost
+    artifact's η = 3 and T_seed >= 5 s, T_seed <= 3600 s (the artifact sets no upper bound); not the
+    runtime's defaults (η = 2, T_seed <= 120 s, chosen for CPU test runs)."""
     initial_seed_s: float = 60.0
     """T_seed of the first step (the controller adapts it from there)."""
     histopipe: bool = False
@@ -262,7 +272,9 @@ def _hybrid(cfg: SimConfig) -> SimResult:
     if gpus // engine.tp < 1:
         raise ValueError(f"{cfg.model} needs tp={engine.tp} GPUs per engine; the reserved nodes have {gpus}")
     if cfg.policy == "rlboost-noseed":
-        offload, seed_s = replace(cfg.offload, enabled=False), 0.0
+        # Only seeding is removed: T_seed is pinned at 0 (the reserved engines hand off as soon as an
+        # instance serves the step) and the controller still caps the instances, from T_seed = 0.
+        offload, seed_s = replace(cfg.offload, min_seed_s=0.0, max_seed_s=0.0), 0.0
     elif cfg.policy == "rlboost-nomemory":
         offload, seed_s = replace(cfg.offload, memory=False), cfg.initial_seed_s
     else:
