@@ -95,7 +95,8 @@ class Fleet:
                 options["resources"] = {kind: 1}
             if kind == PREEMPTIBLE:
                 self.lifetimes[name] = [launched, float("inf")]
-            actor = WorkerActor.options(**options).remote(self._spec_for(name))
+            actor_class, spec = self._actor_for(name)
+            actor = actor_class.options(**options).remote(spec)
             pending.append((name, actor, actor.info.remote()))
         handles = []
         for name, actor, info_ref in pending:
@@ -241,6 +242,16 @@ class Fleet:
                     raise RuntimeError(f"the Ray node of {name} did not come up")
                 time.sleep(0.05)
         return node
+
+    def _actor_for(self, name: str) -> tuple[object, object]:
+        """The actor class of worker `name` and what it is built from: a RolloutWorker and its spec, or
+        for emulated workers with `spec.emulate.worker == "light"` the torch-free EmulatedWorker."""
+        spec = self._spec_for(name)
+        if spec.emulate is not None and spec.emulate.worker == "light":
+            from rlboost.sim.emulated_worker import light_worker
+
+            return light_worker(spec)
+        return WorkerActor, spec
 
     def _spec_for(self, name: str) -> WorkerSpec:
         if not self.cfg.ledger_dir:

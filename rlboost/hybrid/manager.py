@@ -372,6 +372,8 @@ class StepRun:
         self.deadline = self.t0 + (seed_window_s or 0.0)
         self.training_may_start = threading.Event()
         self.trainer_wait_s = 0.0
+        self.loop_cpu_s = 0.0
+        """CPU seconds the loop thread used for the step: the manager's own overhead."""
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._submits: dict[object, WorkerHandle] = {}
         self._aborts: dict[object, PendingAbort] = {}
@@ -407,6 +409,7 @@ class StepRun:
     # ---- the loop ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        cpu0 = time.thread_time()
         try:
             while self.num_finished < len(self.tracked):
                 if self._cancelled.is_set():
@@ -437,6 +440,7 @@ class StepRun:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
             self._out.put(e)
         finally:
+            self.loop_cpu_s = time.thread_time() - cpu0
             self.training_may_start.set()
 
     def _check_liveness(self, now: float) -> None:

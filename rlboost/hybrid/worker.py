@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -31,6 +32,9 @@ from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid import weights as weight_store
 from rlboost.models import ModelConfig
 from rlboost.models.loading import load_skeleton
+
+if TYPE_CHECKING:
+    from rlboost.sim.emulated import EmulationConfig
 
 
 @dataclass
@@ -48,6 +52,10 @@ class WorkerSpec:
     pull_delay_s: float = 0.0
     """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
     middle of one. 0 outside tests."""
+    emulate: EmulationConfig | None = None
+    """Emulation (rlboost.sim.emulated): the engine sleeps through the time a performance profile
+    predicts instead of computing, so the runtime runs at modelled H100 speed. Pulls stay real. None:
+    the real engine."""
 
 
 @dataclass
@@ -94,9 +102,14 @@ class RolloutWorker:
         self.fingerprint = weight_store.fingerprint(dict(model.named_parameters()))
         self.checksum = ""
         self._served: dict = {}
-        self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
+        if spec.emulate is not None:
+            from rlboost.sim.emulated import EmulatedEngine  # the emulation has no drafter: no HistoSpec
+
+            self.engine = EmulatedEngine(spec.emulate, spec.eos_token_ids, weight_version=-1, model=model)
+        else:
+            self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
         self.history = None
-        if spec.histospec is not None:
+        if spec.histospec is not None and spec.emulate is None:
             self.history = HistoryStore(spec.histospec.history_max_tokens)
             self.engine.drafter = Drafter(self.history, spec.histospec)
         self.spec = spec
@@ -172,7 +185,8 @@ class RolloutWorker:
                 else:
                     t0 = time.perf_counter()
                     chunks = self.engine.step()
-                    step_s = time.perf_counter() - t0
+                    # per decode step: an emulated engine's step() may span several (last_decode_steps)
+                    step_s = (time.perf_counter() - t0) / getattr(self.engine, "last_decode_steps", 1)
                     batch_size, was_prefill = self.engine.last_step
                     decoding = 0 if was_prefill else batch_size
                     self._write_ledger(chunks)

@@ -1,0 +1,526 @@
+"""An emulated rollout engine: tokens at the pace the simulator's profile predicts, by sleeping.
+
+Contract (DESIGN.md 2.9): `EmulatedEngine` implements the part of `rlboost.engine.LLMEngine` that a
+rollout worker uses (`add`, `step`, `abort`, `progress`, `has_unfinished`, `num_running`,
+`num_waiting`, `last_step`, `load_weights`, `sleep`/`wake`/`asleep`, `weight_version`, `spec_stats`,
+`drafter`, `config.max_num_seqs`, `config.stream_interval`), so the real runtime (Ray workers, the
+manager, migrations, kills, weight pulls) runs on it unchanged, at the speed of a modelled H100
+engine and with many instances on one small machine.
+
+- Content: the token at absolute position t of a request is a pure function of (seed, t), and so is
+  its log-prob. The response length is a pure function of the seed, drawn from the simulator's
+  workload (`rlboost.sim.workload`, scaled by `length_scale`); a seed made by `workload_seed(step,
+  prompt, sample)` gets exactly the length `Workload.step(step)[prompt][sample]`, so a simulation of
+  the same workload sees the same samples. `max_tokens` counts from the original prompt (`prompt_len`),
+  so a request resubmitted as prompt + partial tokens ends at the same absolute length with the same
+  tokens: exact continuation (invariant 3) is checkable, and `add` checks it.
+- A response ends with the stop token (finish_reason "stop": the smallest of the request's stop ids,
+  its params' `stop_token_ids` plus the engine's EOS ids unless `ignore_eos`) at its drawn length, or
+  at `max_tokens` ("length"). Lengths at the workload's `max_response` stand for responses the cap
+  truncated: they carry no stop token and run to `max_tokens`. Without any stop id every request
+  runs to `max_tokens`.
+- Time: the batching state is the simulator's own `EngineState` (rlboost.sim.profile): admission up to
+  max_num_seqs and the KV capacity, batched prefill of new prompts, re-prefill of resumed ones,
+  evictions. `step()` sleeps `time_scale` x the modelled time of what it does: a prefill, or up to
+  `stream_interval` decode steps (fewer when a sample finishes or an admission point comes first),
+  then hands out the new tokens as chunks of at most `stream_interval` per request. Sleeps aim at
+  absolute deadlines on the engine's modelled clock, so Python overhead inside a step is absorbed
+  and a late step is caught up, not accumulated.
+- Timing assumes every prompt is `workload.prompt_len` tokens long (as the simulator does); the
+  actual prompt's length only fixes where the response starts.
+- Pure Python: no torch, no Ray (the light worker built on it, `rlboost.sim.emulated_worker`, runs
+  in processes that never import torch). Speculative decoding is not emulated (`drafter` is ignored).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from statistics import NormalDist
+
+from rlboost.sim.profile import MODELS, EngineProfile, EngineState, ProfileConfig, TrainProfile, make_profiles
+from rlboost.sim.workload import Workload, WorkloadConfig
+
+_PREFIX = "emulate"
+WORKER_KINDS = ("rollout", "light")
+FIRST_TOKEN = 3
+"""Emulated tokens are drawn from [FIRST_TOKEN, vocab): ids 0-2 stay free for pad/BOS/EOS."""
+_EPS_S = 1e-9  # modelled seconds: keeps a horizon computed as clock + advance_s from rounding below it
+
+# Workload seeds (63 bits): a 16-bit tag, then step (23 bits), prompt (12 bits), sample (12 bits). A
+# random seed that happens to carry the tag still gets a draw from the same distribution: harmless.
+_TAG_BITS, _STEP_BITS, _INDEX_BITS = 16, 23, 12
+_TAG_VALUE = 0x5EED
+_TAG_SHIFT = _STEP_BITS + 2 * _INDEX_BITS
+
+# Streams of the counter-based hash, one per kind of draw.
+_TOKEN_STREAM, _LOGPROB_STREAM, _LENGTH_STREAM = 1, 2, 3
+_MASK64 = (1 << 64) - 1
+
+
+@dataclass
+class EmulationConfig:
+    """What an emulated engine emulates, and how fast. One config serves every worker of a run."""
+
+    model: str = "qwen3-8b"
+    """The modelled model (rlboost.sim.profile.MODELS): its engine profile sets every step's time."""
+    time_scale: float = 1.0
+    """Wall seconds per modelled second: 1 runs at the modelled H100 engine's speed, 2 at half of it."""
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    """The response-length distribution (before `length_scale`) and the prompt length timing assumes."""
+    length_scale: float = 1.0
+    """Multiplies the workload's median_response and max_response (not prompt_len), so that a step
+    of a long-response workload takes seconds, not minutes: `lengths()` is the workload in use."""
+    max_num_seqs: int = 512
+    """Most requests decoding at once; supersedes profile.max_num_seqs and is what the worker reports
+    to the manager as its batch capacity."""
+    stream_interval: int = 8
+    """Tokens per chunk at most, and decode steps per `step()` at most (the worker streams after each)."""
+    vocab: int = 151_936
+    """Token ids are drawn from [3, vocab) (Qwen3's vocabulary by default)."""
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """The performance model (its max_num_seqs is replaced by this config's)."""
+    worker: str = "rollout"
+    """Which process hosts the engine: `rollout`, a RolloutWorker (torch, the model's skeleton, real
+    tensor loads of every pulled version), or `light`, an EmulatedWorker that never imports torch
+    and verifies pulled bytes without loading them (about 50 MB per process instead of 290 MB, so
+    that 64+ instances fit on one machine). See docs/simulator.md, "Emulated engine"."""
+    check_continuation: bool = True
+    """`add` refuses a resubmitted request whose partial tokens are not this emulation's tokens for
+    that seed: a manager that garbled a migration fails loudly instead of silently."""
+    seed: int = 0
+    """Seed of requests that bring none."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if self.model not in MODELS:
+            raise ValueError(f"{_PREFIX}.model={self.model!r}; valid: {', '.join(sorted(MODELS))}")
+        for name in ("time_scale", "length_scale"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{_PREFIX}.{name} must be finite and > 0, got {value}")
+        for name in ("max_num_seqs", "stream_interval"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{_PREFIX}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.vocab < FIRST_TOKEN + 2:
+            raise ValueError(f"{_PREFIX}.vocab must be >= {FIRST_TOKEN + 2}, got {self.vocab}")
+        if self.worker not in WORKER_KINDS:
+            raise ValueError(f"{_PREFIX}.worker={self.worker!r}; valid: {', '.join(WORKER_KINDS)}")
+        self.workload.validate()
+        self.profile.validate()
+
+    def lengths(self) -> WorkloadConfig:
+        """The workload the emulation draws lengths from: median and cap scaled by length_scale."""
+        w = self.workload
+        return replace(w, median_response=max(1, round(w.median_response * self.length_scale)),
+                       max_response=max(1, round(w.max_response * self.length_scale)))
+
+    def profiles(self) -> tuple[EngineProfile, TrainProfile]:
+        """The engine and training profiles of `model`, with this config's max_num_seqs."""
+        return make_profiles(self.model, replace(self.profile, max_num_seqs=self.max_num_seqs))
+
+
+class InvalidRequestError(ValueError):
+    """A request the emulated engine refuses (as rlboost.engine.InvalidRequestError)."""
+
+
+class EngineStateError(RuntimeError):
+    """The engine cannot do this now: busy with requests, or asleep (as rlboost.engine.EngineStateError)."""
+
+
+# ---- what the engine hands back: field for field rlboost.engine's classes, defined here so that the
+# ---- light worker never imports torch (the manager reads attributes only)
+
+@dataclass
+class Chunk:
+    """As rlboost.engine.sequence.StreamChunk: at most stream_interval tokens of one request."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    offset: int
+    """Index within this request's output of token_ids[0]."""
+    finished: bool
+    finish_reason: str | None
+    weight_version: int
+
+
+@dataclass
+class Partial:
+    """As rlboost.engine.sequence.PartialOutput: everything an aborted request generated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    seed: int
+    weight_version: int
+
+
+@dataclass
+class SpecCounters:
+    """As rlboost.engine.engine.SpecStats; nothing is speculated, only decode_steps counts."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    decode_steps: int = 0
+    verify_steps: int = 0
+    verify_s: float = 0.0
+    plain_equivalent_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LightParams:
+    """The fields of rlboost.engine.SamplingParams that an emulated engine reads; what a SamplingParams
+    becomes on its way to a light worker (`rlboost.sim.emulated_worker.torch_free_wire`)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 16
+    stop_token_ids: tuple[int, ...] | None = None
+    ignore_eos: bool = False
+    seed: int | None = None
+
+
+# ---- content: pure functions of (seed, position) ----------------------------------------------------
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _hash(seed: int, position: int, stream: int) -> int:
+    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ position) ^ stream)
+
+
+def _uniform(seed: int, position: int, stream: int) -> float:
+    """U(0, 1), never 0 or 1."""
+    return ((_hash(seed, position, stream) >> 11) + 0.5) / float(1 << 53)
+
+
+def token_at(seed: int, position: int, vocab: int, stops: frozenset[int] = frozenset()) -> int:
+    """The emulated token at absolute position `position` (prompt included) of a request: never a
+    stop id (the stop token is placed at a response's end only)."""
+    span = vocab - FIRST_TOKEN
+    t = FIRST_TOKEN + _hash(seed, position, _TOKEN_STREAM) % span
+    while t in stops:
+        t = FIRST_TOKEN + (t - FIRST_TOKEN + 1) % span
+    return t
+
+
+def logprob_at(seed: int, position: int) -> float:
+    """The emulated log-prob of the token at `position`: in (-4.01, -0.01]."""
+    return -(0.01 + 4.0 * _uniform(seed, position, _LOGPROB_STREAM))
+
+
+def workload_seed(step: int, prompt: int, sample: int) -> int:
+    """The seed of sample `sample` of prompt `prompt` in workload step `step`: an emulated engine
+    gives it the length `Workload.step(step)[prompt][sample]`."""
+    if not (0 <= step < 1 << _STEP_BITS and 0 <= prompt < 1 << _INDEX_BITS and 0 <= sample < 1 << _INDEX_BITS):
+        raise ValueError(f"workload_seed({step}, {prompt}, {sample}) is out of range")
+    return _TAG_VALUE << _TAG_SHIFT | step << 2 * _INDEX_BITS | prompt << _INDEX_BITS | sample
+
+
+class ResponseLengths:
+    """Seed -> (response length, truncated by the workload's cap). Workload seeds (`workload_seed`)
+    get the workload's own draw for that step, prompt and sample; any other seed a draw from the same
+    distribution keyed by the seed alone."""
+
+    def __init__(self, cfg: WorkloadConfig):
+        self.cfg = cfg
+        self.work = Workload(cfg)
+        self._steps: dict[int, list[list[int]]] = {}
+        total = math.hypot(cfg.sigma, cfg.within_group_sigma)
+        self._sigma = total
+
+    def __call__(self, seed: int) -> tuple[int, bool]:
+        cfg = self.cfg
+        step = (seed >> 2 * _INDEX_BITS) & ((1 << _STEP_BITS) - 1)
+        prompt = (seed >> _INDEX_BITS) & ((1 << _INDEX_BITS) - 1)
+        sample = seed & ((1 << _INDEX_BITS) - 1)
+        if (seed >> _TAG_SHIFT == _TAG_VALUE and prompt < cfg.prompts_per_step
+                and sample < cfg.samples_per_prompt):
+            grid = self._steps.get(step)
+            if grid is None:
+                if len(self._steps) > 64:
+                    self._steps.clear()
+                grid = self._steps[step] = self.work.step(step)
+            length = grid[prompt][sample]
+        else:
+            u = _uniform(seed, 0, _LENGTH_STREAM)
+            median = self.work.median(0)
+            if cfg.distribution == "lognormal":
+                raw = median * math.exp(self._sigma * NormalDist().inv_cdf(u))
+            elif cfg.distribution == "uniform":
+                raw = 1.0 + u * (2.0 * median - 1.0)
+            else:
+                raw = median
+            length = int(min(max(round(raw), 1), cfg.max_response))
+        return length, length >= cfg.max_response
+
+
+# ---- the engine -------------------------------------------------------------------------------------
+
+class _PacedState(EngineState):
+    """EngineState plus the one query pacing needs: when the next stretch of at most `max_steps`
+    decode steps ends (a completion, a full cache or an admission point may end it sooner)."""
+
+    def horizon_s(self, max_steps: int) -> float:
+        if not self._live:
+            return self.clock
+        batch = len(self._live)
+        total = self._offset + batch * self.step
+        steps = min(self._steps_to_event(batch, total), max_steps)
+        return self.clock + self.engine.advance_s(batch, total, steps)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    """The submitted token ids: the original prompt, plus partial response tokens when resubmitted."""
+    prompt_len: int
+    """Length of the original prompt: response position i is absolute position prompt_len + i."""
+    made_before: int
+    """Response tokens the request already held when submitted."""
+    seed: int
+    target: int
+    """The response length (from the original prompt) at which it finishes."""
+    reason: str
+    """Its finish reason: stop or length."""
+    stop: int | None
+    stops: frozenset[int]
+    out: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    streamed: int = 0
+
+
+class EmulatedEngine:
+    """See the module docstring. `model`: a model skeleton (a torch module) that `load_weights` copies
+    pulled weights into, as the real engine does; None keeps only the version. `clock`/`sleep`: the
+    wall clock and how to wait (tests pass a fake pair)."""
+
+    def __init__(self, config: EmulationConfig, eos_token_ids: Iterable[int] = (), weight_version: int = 0,
+                 model=None, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        config.validate()
+        self.config = config
+        self.profile, _ = config.profiles()
+        self.lengths = ResponseLengths(config.lengths())
+        self.prompt_len = config.workload.prompt_len
+        self.state = _PacedState(self.profile, self.prompt_len)
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.model = model
+        self.weight_version = weight_version
+        self.asleep = False
+        self.drafter = None
+        self.spec_stats = SpecCounters()
+        self.last_step: tuple[int, bool] = (0, False)
+        """(requests in the last step, whether it was a prefill), as LLMEngine.last_step."""
+        self.last_decode_steps = 1
+        """Decode steps the last step() ran (>= 1): a worker divides the step's time by it, so the
+        manager's throughput profile sees tokens/s per decode step as with the real engine."""
+        self._clock, self._sleep = clock, sleep
+        self._t0 = clock()
+        self._reqs: dict[str, _Request] = {}
+        self._incoming: list[tuple[str, int, int]] = []
+        """Requests added since the last step, handed to the batching state together (at the time of
+        the first), as one submission: a worker adds a manager's batch one request at a time."""
+        self._incoming_at = 0.0
+        self._seeds = itertools.count()
+
+    # ---- time ------------------------------------------------------------------------------------
+
+    def now_s(self) -> float:
+        """Modelled seconds since the engine was built (wall seconds / time_scale)."""
+        return (self._clock() - self._t0) / self.config.time_scale
+
+    def _sleep_until(self, t_s: float) -> None:
+        wait = self._t0 + t_s * self.config.time_scale - self._clock()
+        if wait > 0:
+            self._sleep(wait)
+
+    # ---- requests --------------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt_token_ids: Sequence[int], params=None, prompt_len: int | None = None) -> int:
+        """Admit a request; returns its seed. `prompt_len`: how much of `prompt_token_ids` is the
+        original prompt when resubmitting prompt + partial tokens (None: all of it)."""
+        params = params if params is not None else LightParams()
+        where = f"request {request_id!r}"
+        if self.asleep:
+            raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
+        if request_id in self._reqs:
+            raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
+        tokens = [int(t) for t in prompt_token_ids]
+        if not tokens:
+            raise InvalidRequestError(f"{where}: empty prompt")
+        if not (isinstance(params.max_tokens, int) and params.max_tokens >= 1):
+            raise InvalidRequestError(f"{where}: max_tokens must be an int >= 1, got {params.max_tokens!r}")
+        p0 = len(tokens) if prompt_len is None else prompt_len
+        if not 0 < p0 <= len(tokens):
+            raise InvalidRequestError(f"{where}: prompt_len={prompt_len} but {len(tokens)} tokens were given")
+        made = len(tokens) - p0
+        seed = params.seed if params.seed is not None else _splitmix64(self.config.seed ^ next(self._seeds)) >> 1
+        stops = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        length, truncated = self.lengths(seed)
+        cap = made + params.max_tokens
+        if stops and not truncated and length <= cap:
+            target, reason = length, "stop"
+        else:
+            target, reason = cap, "length"
+        if target <= made:
+            raise InvalidRequestError(f"{where}: its response ends at {target} tokens but {made} were given")
+        if made and self.config.check_continuation:
+            vocab = self.config.vocab
+            for i, t in enumerate(tokens[p0:]):
+                if t != token_at(seed, p0 + i, vocab, stops):
+                    raise InvalidRequestError(f"{where}: response token {i} is {t}, not this seed's token "
+                                              "there (not an exact continuation)")
+        self._reqs[request_id] = _Request(request_id, tokens, p0, made, seed, target, reason,
+                                          min(stops) if reason == "stop" else None, stops)
+        if not self._incoming:
+            self._incoming_at = self.now_s()
+        self._incoming.append((request_id, target, made))
+        return seed
+
+    def _flush(self) -> None:
+        if self._incoming:
+            items, self._incoming = self._incoming, []
+            self.state.submit(items, self._incoming_at)
+
+    def abort(self, request_ids: Iterable[str]) -> dict[str, Partial]:
+        """Remove requests; the exact partial output of each still in the engine (ids that finished
+        or were never added are ignored)."""
+        ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._reqs]
+        if not ids:
+            return {}
+        self._flush()
+        made = self.state.abort(ids, self.now_s())
+        out = {}
+        for rid in ids:
+            req = self._reqs.pop(rid)
+            self._materialize(req, made[rid])
+            out[rid] = Partial(rid, list(req.prompt), list(req.out), list(req.logprobs), req.seed,
+                               self.weight_version)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self._reqs)
+
+    def progress(self) -> dict[str, int]:
+        """Tokens generated so far by each unfinished request, streamed or not."""
+        return {rid: len(req.out) for rid, req in self._reqs.items()}
+
+    @property
+    def num_running(self) -> int:
+        self._flush()
+        return self.state.running
+
+    @property
+    def num_waiting(self) -> int:
+        self._flush()
+        return self.state.waiting
+
+    # ---- the step --------------------------------------------------------------------------------
+
+    def step(self) -> list[Chunk]:
+        """A prefill, or up to stream_interval decode steps, slept through; returns the chunks."""
+        if self.asleep:
+            raise EngineStateError("the engine is asleep; call wake() first")
+        state = self.state
+        self.last_decode_steps = 1
+        if not self._reqs:
+            self.last_step = (0, False)
+            return []
+        self._flush()
+        if state.clock > self.now_s() + _EPS_S:
+            # an admission put prefill time on the engine's clock: that is this step
+            self._sleep_until(state.clock)
+            self.last_step = (state.running, True)
+            return []
+        batch, steps0 = state.running, state.step
+        horizon = state.horizon_s(self.config.stream_interval)
+        self._sleep_until(horizon)
+        finished = state.advance_to(horizon + _EPS_S)
+        self.last_step = (batch, False)
+        self.last_decode_steps = max(state.step - steps0, 1)
+        self.spec_stats.decode_steps += state.step - steps0
+        return self._emit(set(finished))
+
+    def _emit(self, finished: set[str]) -> list[Chunk]:
+        progress = self.state.progress()
+        interval = self.config.stream_interval
+        chunks = []
+        for rid in list(self._reqs):
+            req = self._reqs[rid]
+            done = rid in finished
+            self._materialize(req, req.target if done else progress[rid])
+            while len(req.out) - req.streamed >= interval or (done and req.streamed < len(req.out)):
+                n = min(interval, len(req.out) - req.streamed)
+                last = done and req.streamed + n == len(req.out)
+                chunks.append(Chunk(rid, req.out[req.streamed:req.streamed + n],
+                                    req.logprobs[req.streamed:req.streamed + n], req.streamed, last,
+                                    req.reason if last else None, self.weight_version))
+                req.streamed += n
+            if done:
+                del self._reqs[rid]
+        return chunks
+
+    def _materialize(self, req: _Request, made: int) -> None:
+        """Generate the request's tokens up to `made` response tokens (from the original prompt)."""
+        have = req.made_before + len(req.out)
+        vocab = self.config.vocab
+        for i in range(have, made):
+            position = req.prompt_len + i
+            if i == req.target - 1 and req.stop is not None:
+                req.out.append(req.stop)
+            else:
+                req.out.append(token_at(req.seed, position, vocab, req.stops))
+            req.logprobs.append(logprob_at(req.seed, position))
+
+    # ---- weights and memory ----------------------------------------------------------------------
+
+    def load_weights(self, state_dict: Mapping | None, version: int) -> None:
+        """Tag `version`; with a model skeleton, first copy the state dict into it in place (checked
+        as the real engine checks it)."""
+        self._require_idle("load_weights")
+        if self.model is not None and state_dict is not None:
+            params = dict(self.model.named_parameters())
+            aliases = set(self.model.state_dict()) - set(params)
+            unknown = sorted(set(state_dict) - set(params) - aliases)
+            missing = sorted(set(params) - set(state_dict))
+            if unknown or missing:
+                raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
+                                 f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+            for name, param in params.items():
+                if tuple(state_dict[name].shape) != tuple(param.shape):
+                    raise ValueError(f"load_weights(version={version}): `{name}` has shape "
+                                     f"{tuple(state_dict[name].shape)}, the model expects {tuple(param.shape)}")
+            for name, param in params.items():
+                param.data.copy_(state_dict[name])
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        """Free the (emulated) KV cache so the reserved GPUs can train."""
+        self._require_idle("sleep")
+        self.asleep = True
+
+    def wake(self) -> None:
+        self.asleep = False
+
+    def _require_idle(self, what: str) -> None:
+        if self._reqs:
+            raise EngineStateError(f"{what}() needs an idle engine but {len(self._reqs)} requests are "
+                                   "unfinished; let them finish or abort() them first")
+
+
+__all__ = ["FIRST_TOKEN", "WORKER_KINDS", "Chunk", "EmulatedEngine", "EmulationConfig", "EngineStateError",
+           "InvalidRequestError", "LightParams", "Partial", "ResponseLengths", "SpecCounters", "logprob_at",
+           "token_at", "workload_seed"]
