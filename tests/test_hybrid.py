@@ -139,7 +139,10 @@ def test_zero_preemptible_workers(fleet, ref):
         fleet.preempt(h)
     out, run = run_step(fleet)  # the kills are found out during the step, as a real preemption would be
     check_invariants(out, run, ref)
-    assert run.stats.tokens_by_kind[PREEMPTIBLE] == 0 and run.stats.migrated["seed_handoff"] == 0
+    assert run.stats.tokens_by_kind[PREEMPTIBLE] == 0
+    # the window may close before a kill is found out (a loaded machine): whatever was handed to a
+    # dead instance came back as a preemption and finished on the reserved worker
+    assert run.stats.migrated["seed_handoff"] <= run.stats.migrated["preempted"]
     fleet.manager.reap()
     assert fleet.manager.alive(PREEMPTIBLE) == []
     out, run = run_step(fleet)
