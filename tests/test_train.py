@@ -90,8 +90,9 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
     assert scores[0] < 0.1
     assert min(scores[-2:]) > 3 * scores[0] and scores[-1] > 0.2, scores
     # same weights, same per-sample seeds: step 1 samples the very same responses as colocated rollout
+    # (the loss is summed in the order groups arrive, which differs: float32 rounding, hence 1e-4)
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss"):
-        assert m[1][key] == pytest.approx(colocated[1][key], rel=1e-5), key
+        assert m[1][key] == pytest.approx(colocated[1][key], rel=1e-4), key
     assert sum(m[s]["spot/preemptions"] for s in m if s) > 0 and sum(m[s]["spot/joins"] for s in m if s) > 0
     assert sum(m[s]["rollout/preemptible_token_share"] for s in range(1, 9)) / 8 > 0.3
     for key in ("migration/samples", "migration/wasted_tokens", "timing_s/seed", "timing_s/wait_train",
