@@ -587,7 +587,8 @@ class StepRun:
                 # ... except samples far past their history: they would be the step's tail where they are
                 flagged = self.overruns({u: len(self.tracked[u].sample.response_ids) for u in source.assigned})
                 self.stats.overruns_moved += len(flagged[:move.count])
-                by_progress = flagged + [u for u in by_progress if u not in set(flagged)]
+                first = set(flagged)
+                by_progress = flagged + [u for u in by_progress if u not in first]
             self._take_back(source, by_progress[:move.count], "rebalanced", target=target)
 
     def _take_back(self, h: WorkerHandle, uids: list[str], reason: str, then_sleep: bool = False,

@@ -11,15 +11,21 @@ from rlboost.policies.histopipe import HistoPipe, SampleInfo
 from rlboost.rollout.sample import Group
 
 
+def _keys(groups: list[Group]) -> dict[int, str]:
+    """Group index -> its prompt's key, hashed once per group (its samples share the prompt)."""
+    return {g.index: prompt_key(g.samples[0].prompt_ids) for g in groups}
+
+
 def dispatch_order(pipe: HistoPipe, groups: list[Group], step: int) -> list[str]:
     """Sample uids in the order to dispatch them this step (the given order in the first epoch)."""
-    infos = [SampleInfo(s.uid, prompt_key(g.samples[0].prompt_ids), g.index) for g in groups for s in g.samples]
-    return pipe.order(step, infos)
+    keys = _keys(groups)
+    return pipe.order(step, [SampleInfo(s.uid, keys[g.index], g.index) for g in groups for s in g.samples])
 
 
 def overrun_check(pipe: HistoPipe, groups: list[Group]) -> Callable[[dict[str, int]], list[str]]:
     """uid -> tokens so far  =>  the uids far past their prompt's history, most overrun first."""
-    keys = {s.uid: prompt_key(g.samples[0].prompt_ids) for g in groups for s in g.samples}
+    group_keys = _keys(groups)
+    keys = {s.uid: group_keys[g.index] for g in groups for s in g.samples}
     return lambda progress: pipe.flag_overruns({uid: (keys[uid], n) for uid, n in progress.items()})
 
 
