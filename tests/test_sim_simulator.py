@@ -16,7 +16,7 @@ from rlboost.policies.offload import OffloadController
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.profile import CALIBRATION_TARGET, ProfileConfig, colocated_run, colocated_step, make_profiles
-from rlboost.sim.simulator import POLICIES, SimConfig, disagg_splits, simulate
+from rlboost.sim.simulator import POLICIES, SimConfig, disagg_splits, offered_instances, simulate
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostMeter
 from rlboost.spot.trace import TraceConfig, TraceReplay, load_trace
@@ -177,7 +177,7 @@ def test_t_seed_converges_on_a_stable_trace(tmp_path):
 
 def test_the_controller_gets_the_papers_timings(monkeypatch):
     # t_wait_remote: the step's end (its last update) minus its last response; t_remote: the last
-    # response minus the seeding hand-off; t_train: trainer compute; t_wait_train: trainer idle.
+    # response minus the first work an instance got; t_train: trainer compute; t_wait_train: idle.
     seen = []
     original = OffloadController.update
 
@@ -187,16 +187,22 @@ def test_the_controller_gets_the_papers_timings(monkeypatch):
 
     monkeypatch.setattr(OffloadController, "update", update)
     r = simulate(SimConfig(segment="A", duration_s=1500))
-    sync_s = make_profiles("qwen3-8b")[1].weight_sync_s(200.0)
+    train = make_profiles("qwen3-8b")[1]
+    sync_s, pull_s = train.weight_sync_s(200.0), train.weight_sync_s(50.0)
     assert len(seen) == len(r.steps) >= 4
     for t, s in zip(seen, r.steps):
         assert s.migrated.get("seed_handoff", 0) > 0
         train_end = s.end_s - sync_s
         assert t.wait_remote_s == pytest.approx(train_end - (s.start_s + s.rollout_s)) == s.wait_remote_s
-        assert t.remote_s == pytest.approx(s.rollout_s - s.reserved_rollout_s) == s.remote_s
-        assert 0 < t.remote_s < s.rollout_s
+        # instances got work at the latest at the hand-off, at the earliest once their pull ended
+        assert t.remote_s == s.remote_s
+        assert s.rollout_s - s.reserved_rollout_s - 1e-9 <= t.remote_s <= s.rollout_s - (pull_s - sync_s) + 1e-9
         assert t.train_s == s.train_s and t.wait_train_s == s.wait_train_s
         assert t.instances == s.instances_start
+    # instances that served the previous step pull while the reserved engines sync, and share the
+    # step's first dispatch the moment their pull ends
+    ready = [(t, s) for t, s in zip(seen[1:], r.steps[1:]) if s.instances_start == s.instances_end]
+    assert ready and all(t.remote_s == pytest.approx(s.rollout_s - (pull_s - sync_s)) for t, s in ready)
     cfg = SimConfig().offload  # the artifact's controller settings, not the runtime's CPU-test defaults
     assert (cfg.eta, cfg.min_seed_s, cfg.max_seed_s) == (3.0, 5.0, 3600.0)
     assert all(5.0 <= s.seed_s <= 3600.0 for s in r.steps)
@@ -246,6 +252,37 @@ def test_the_real_policy_objects_decide(monkeypatch):
     assert calls["TraceReplay.step"] > steps and calls["CostMeter.charge_step"] == steps
 
 
+def test_the_bundled_trace_counts_gpus_and_a_csv_counts_instances(tmp_path):
+    # Bamboo's rows are single-GPU VMs: 50% of them, in 2-GPU instances, is a quarter of the count
+    bundled = offered_instances(SimConfig(segment="A"))
+    gpus = load_trace(TraceConfig(segment="A", sample=0.5, time_scale=1.0))
+    for t in gpus.times_s:
+        assert bundled.available_at(t) == gpus.available_at(t) // 2
+    assert bundled.stats()["mean"] == pytest.approx(6.93, abs=0.01)
+    as_instances = offered_instances(SimConfig(segment="A", trace_gpus_per_instance=2))
+    assert as_instances.counts == gpus.counts
+    own = trace_file(tmp_path, "0,3\n100,5")  # a CSV of one's own counts instances as rented
+    assert offered_instances(SimConfig(trace=own)).counts[:2] == (3, 5)
+
+
+def test_pulling_instances_get_their_share_of_the_first_dispatch(tmp_path):
+    # Four instances that pull each step's weights 2 s after the reserved engines: with their share
+    # held for them, they generate from the step's start; without, the reserved engines take the
+    # whole step and the instances idle until the hand-off.
+    trace = trace_file(tmp_path, "0,4\n7200,4")
+    base = SimConfig(trace=trace, duration_s=1500)
+    shared, unshared = simulate(base), simulate(replace(base, share_with_pulling=False))
+    train = make_profiles("qwen3-8b")[1]
+    late_s = train.weight_sync_s(50.0) - train.weight_sync_s(200.0)
+    later = [s for s in shared.steps[1:] if s.instances_start == 4]
+    assert later and all(s.remote_s == pytest.approx(s.rollout_s - late_s) for s in later)
+    # without: the reserved engines hold the step (the balancer moves only a sample or two), so the
+    # hand-off has several times more to migrate
+    handed = [sum(s.migrated.get("seed_handoff", 0) for s in r.steps[1:]) for r in (shared, unshared)]
+    assert handed[0] < handed[1] / 2
+    assert shared.throughput_tokens_per_s > 1.05 * unshared.throughput_tokens_per_s
+
+
 def test_the_dispatcher_decision_is_what_runs(monkeypatch):
     # A dispatcher that sends everything to one engine must make the run slower: the simulator applies
     # the policy's decisions rather than deciding on its own.
@@ -253,7 +290,7 @@ def test_the_dispatcher_decision_is_what_runs(monkeypatch):
     normal = simulate(cfg)
     original = JSQDispatcher.assign
 
-    def one_worker(self, sample_ids, loads):
+    def one_worker(self, sample_ids, loads, incoming=()):
         return original(self, sample_ids, sorted(loads, key=lambda w: w.name)[:1])
 
     monkeypatch.setattr(JSQDispatcher, "assign", one_worker)

@@ -119,6 +119,17 @@ def test_sampling_floors_each_row():
         full.sampled(0)
 
 
+def test_regrouping_counts_the_same_gpus_in_bigger_instances():
+    single_gpu = SpotTrace((0.0, 10.0, 20.0, 30.0), (15, 14, 7, 7))
+    pairs = single_gpu.regrouped(1, 2)
+    assert pairs.counts == (7, 3, 3)  # 15 GPUs make 7 pairs; 14 still 7, so that row merges
+    assert pairs.times_s == (0.0, 20.0, 30.0)
+    assert single_gpu.regrouped(8, 2).counts == (60, 56, 28, 28)  # 8-GPU VMs split into 2-GPU instances
+    assert single_gpu.regrouped(2, 2) == single_gpu
+    with pytest.raises(ValueError):
+        single_gpu.regrouped(0, 2)
+
+
 def test_compression_divides_time():
     full = SpotTrace.from_csv(BUNDLED_TRACE)
     fast = full.compressed(60)

@@ -4,6 +4,9 @@ Contract: given the workers that may take work now and their loads, decide which
 to. Pure and deterministic: no clock, no randomness, inputs are never mutated. A worker takes a sample
 while it has a free slot (running < max_running), or else while its pending count is below the cap
 Theta; samples that fit nowhere are left out of the result and keep waiting in the manager.
+Workers about to take work (`incoming`: pulling the step's weights, seconds from serving) count in
+the decision as the empty workers they will be; the samples that fall to them are left out too, so
+the ready workers do not take the incoming ones' share of the step and leave them idle.
 """
 
 from __future__ import annotations
@@ -34,11 +37,16 @@ class JSQDispatcher:
             raise ValueError(f"max_pending must be >= 0, got {max_pending}")
         self.max_pending = max_pending
 
-    def assign(self, sample_ids: Sequence[str], loads: Sequence[WorkerLoad]) -> dict[str, str]:
-        """Map sample id -> worker name, in the order given (see the module docstring for the rule)."""
+    def assign(self, sample_ids: Sequence[str], loads: Sequence[WorkerLoad],
+               incoming: Sequence[WorkerLoad] = ()) -> dict[str, str]:
+        """Map sample id -> worker name, in the order given (see the module docstring for the rule);
+        samples that fall to an `incoming` worker are left out."""
         # Mutable copies [running, pending] so the queues grow as samples are assigned.
-        counts = {load.name: [load.running, load.pending] for load in loads}
-        capacity = {load.name: load.max_running for load in loads}
+        counts = {load.name: [load.running, load.pending] for load in (*loads, *incoming)}
+        capacity = {load.name: load.max_running for load in (*loads, *incoming)}
+        held = {load.name for load in incoming}
+        if len(counts) != len(loads) + len(incoming):
+            raise ValueError("worker names must be unique across loads and incoming")
         assignment: dict[str, str] = {}
         for sample_id in sample_ids:
             open_workers = [name for name, (running, pending) in counts.items()
@@ -52,4 +60,4 @@ class JSQDispatcher:
             else:
                 counts[chosen][1] += 1
             assignment[sample_id] = chosen
-        return assignment
+        return {sample_id: name for sample_id, name in assignment.items() if name not in held}

@@ -97,7 +97,8 @@ class StepRecord:
     in_flight_at_preemption: int = 0
     """Samples held by instances when they were hard-killed (the bound on waste is per such sample)."""
     remote_s: float = 0.0
-    """t_remote: from the seeding hand-off to the step's last response (0 without a hand-off)."""
+    """t_remote: from the first work an instance got in the step to its last response (0 when no
+    instance got any)."""
 
 
 class _Sample:
@@ -300,6 +301,15 @@ class ClusterRun:
                 out.extend(inst.engines)
         return out
 
+    def _incoming(self) -> list[WorkerLoad]:
+        """Engines seconds from serving the step: of booted instances pulling its weights, no notice."""
+        if not self.cfg.share_with_pulling:
+            return []
+        m = self.max_running
+        return [WorkerLoad(f"{inst.name}/e{j}", 0, 0, m) for inst in self.instances.values()
+                if inst.booted and inst.version is None and not inst.doomed and self.published == self.k
+                for j in range(self.engines_per_instance)]
+
     def _loads(self, engines: list[_Engine]) -> list[WorkerLoad]:
         m = self.max_running
         return [WorkerLoad(e.name, min(len(e.assigned), m), max(len(e.assigned) - m, 0), m) for e in engines]
@@ -315,6 +325,8 @@ class ClusterRun:
             e.assigned.add(i)
             items.append((i, s.length, s.made))
         e.last_finish = None
+        if e.instance is not None and self.remote_start is None:
+            self.remote_start = self.now
         e.state.submit(items, self.now)
         self._reschedule(e)
 
@@ -385,6 +397,7 @@ class ClusterRun:
         self.idle_since: float | None = None
         self.released = False
         self.handoff_s: float | None = None  # when the seeding window handed off (None: no hand-off)
+        self.remote_start: float | None = None  # when an instance first got work (None: none did)
         self.fallback = False
         self.rollout_end: float | None = None
         self.reserved_rollout_s = 0.0
@@ -431,7 +444,7 @@ class ClusterRun:
 
     def _dispatch(self, eligible: list[_Engine]) -> None:
         uids = [str(i) for i in self.pending]
-        decisions = self.dispatcher.assign(uids, self._loads(eligible))
+        decisions = self.dispatcher.assign(uids, self._loads(eligible), self._incoming())
         if not decisions:
             return
         by_engine: dict[str, list[int]] = {}
@@ -526,11 +539,10 @@ class ClusterRun:
         self.train_end = self.now
         # The paper's timings, as its artifact measures them (docs/simulator.md, "The hybrid step"):
         # t_wait_remote is how long the step went on after its last response (the instances' idle
-        # time until the step ends), and t_remote how long the instances generated on their own,
-        # from the hand-off to the last response; the seeding window is T_seed x N_resv of the cap's
-        # numerator, so counting it in t_remote too would count it twice.
+        # time until the step ends), and t_remote how long the instances generated: from the first
+        # work one got (the step's start when they share its first dispatch) to the last response.
         wait_remote = self.now - self.rollout_end if self.last_finishes else 0.0
-        remote_s = self.rollout_end - self.handoff_s if self.handoff_s is not None else 0.0
+        remote_s = self.rollout_end - self.remote_start if self.remote_start is not None else 0.0
         self.wait_remote = wait_remote
         self.remote_s = remote_s
         self.instances_end = len(self.instances)
@@ -538,7 +550,8 @@ class ClusterRun:
             stable = self.instances_end == self.instances_start and self.st_preemptions == 0
             self.controller.update(StepTimings(
                 instances=self.instances_start, stable=stable, wait_train_s=self.wait_train,
-                wait_remote_s=wait_remote, remote_s=remote_s, train_s=self.train_compute))
+                wait_remote_s=wait_remote, remote_s=remote_s, train_s=self.train_compute,
+                tokens_per_s=sum(s.length for s in self.samples) / (self.now - self.step_start)))
             self.cap = self.controller.instance_cap()
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})

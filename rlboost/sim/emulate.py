@@ -426,6 +426,7 @@ def sim_config(cfg: CheckConfig, startup_s: float, trace_csv: str = ""):
     return SimConfig(
         model=cfg.model, policy="rlboost", segment=cfg.segment, trace=trace, reserved_nodes=1,
         gpus_per_node=cfg.reserved_engines * tp, gpus_per_instance=tp, instance_startup_s=startup_s,
+        trace_gpus_per_instance=tp,  # the runtime's replay counts a trace row as one of its instances
         stream_interval=cfg.stream_interval, max_pending=cfg.max_pending, offload=cfg.offload_config(),
         initial_seed_s=cfg.seed_window_s, workload=emu.lengths(), seed=cfg.seed, duration_s=1.0,
         profile=replace(ProfileConfig(), max_num_seqs=cfg.max_num_seqs, reserved_gbps=FAST_GBPS,

@@ -9,8 +9,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from rlboost.sim.simulator import POLICIES, SimConfig, SimResult, simulate
-from rlboost.spot.trace import load_trace
+from rlboost.sim.simulator import POLICIES, SimConfig, SimResult, offered_instances, simulate
 
 PAPER_RLBOOST = {"qwen3-8b": (1.66, 1.34), "qwen3-14b": (1.97, 1.49), "qwen3-32b": (1.51, 1.28)}
 """RLBoost vs veRL in the paper, averaged over segments A, B, C: (throughput, cost efficiency)."""
@@ -98,7 +97,7 @@ def plot(result: dict, runs: dict[tuple[str, str, str], SimResult], out: Path) -
             top.set_ylabel("tokens/s (per step)")
             r = runs[(model, segment, "rlboost")] if (model, segment, "rlboost") in runs else None
             if r is not None:
-                trace = load_trace(replace(r.config.trace, segment=r.config.segment))
+                trace = offered_instances(r.config)
                 bottom.step([x / 60 for x in trace.times_s], trace.counts, where="post", color="0.75", linewidth=3,
                             label="available")
                 bottom.step([x / 60 for x, _ in r.timeline], [n for _, n in r.timeline], where="post",

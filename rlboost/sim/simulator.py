@@ -35,7 +35,7 @@ from rlboost.sim.cluster import ClusterRun, StepRecord
 from rlboost.sim.profile import MODELS, ProfileConfig, colocated_step, make_profiles
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostConfig, CostMeter
-from rlboost.spot.trace import SEGMENTS, TraceConfig, load_trace
+from rlboost.spot.trace import SEGMENTS, SpotTrace, TraceConfig, load_trace
 
 _PREFIX = "simulate"
 POLICIES = ("verl", "verl2x", "disagg", "rlboost", "rlboost-noseed", "rlboost-nomemory")
@@ -78,6 +78,11 @@ class SimConfig:
     gpus_per_instance: int = 2
     """GPUs of a spot instance (the paper rents 2xH100). It runs gpus_per_instance // tp engines; an
     instance too small for one engine of the model cannot serve it, and none is rented."""
+    trace_gpus_per_instance: int = 0
+    """GPUs behind one instance of the trace; the sampled trace's GPUs make floor(n x this /
+    gpus_per_instance) spot instances (SpotTrace.regrouped). 0: 1 for the bundled Bamboo trace, whose
+    rows count single-GPU p3.2xlarge VMs (so segment A offers 6.9 2xH100 instances on average, not
+    14.4), and gpus_per_instance for a CSV of one's own (its rows count instances as rented here)."""
     duration_s: float = 7200.0
     """Steps start while the clock is below this (a segment is 2 hours); the step under way at that
     moment runs to its end, so the run covers the segment and throughput has no partial step."""
@@ -93,6 +98,11 @@ class SimConfig:
     elsewhere after a re-prefill of prompt + tokens. recompute (the baseline the paper compares
     with): the sample restarts from scratch. Aborts (seed hand-off, rebalancing, notices, releases)
     return exact partial outputs either way."""
+    share_with_pulling: bool = True
+    """Instances pulling the step's weights get their share of its dispatch (JSQDispatcher's
+    `incoming`), held by the manager until they serve: the RLBoost artifact deals every request of
+    the step among its engines at the start. False: the engines ready first take everything they can
+    hold (4 x 260 = the whole step on one reserved node) and late instances idle through the window."""
     max_pending: int = 4
     """Θ: samples queued per engine beyond its max_num_seqs batch (JSQDispatcher's cap)."""
     offload: OffloadConfig = field(default_factory=_sim_offload)
@@ -131,6 +141,8 @@ class SimConfig:
         for name in ("reserved_nodes", "gpus_per_node", "gpus_per_instance", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{_PREFIX}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.trace_gpus_per_instance < 0:
+            raise ValueError(f"{_PREFIX}.trace_gpus_per_instance must be >= 0, got {self.trace_gpus_per_instance}")
         if self.max_pending < 0:
             raise ValueError(f"{_PREFIX}.max_pending must be >= 0, got {self.max_pending}")
         if self.rollout_gpus < 0:
@@ -251,15 +263,22 @@ def _colocated(cfg: SimConfig, nodes: int) -> SimResult:
     return _result(cfg, steps, meter, [(0.0, 0)], [], 0, gpus, gpus)
 
 
+def offered_instances(cfg: SimConfig) -> SpotTrace:
+    """The spot instances the run's trace offers over time: its window, sampled, in instances of
+    cfg.gpus_per_instance GPUs."""
+    trace_cfg = replace(cfg.trace, segment="" if cfg.trace.path else cfg.segment, seed=cfg.seed,
+                        notice_s=cfg.notice_s)
+    trace_gpus = cfg.trace_gpus_per_instance or (cfg.gpus_per_instance if cfg.trace.path else 1)
+    return load_trace(trace_cfg).regrouped(trace_gpus, cfg.gpus_per_instance)
+
+
 def _cluster(cfg: SimConfig, *, rollout_gpus: int, train_gpus: int, colocated: bool, spot: bool,
              controller: OffloadController | None, seed_s: float, max_steps: int | None = None
              ) -> tuple[ClusterRun, list[StepRecord]]:
     engine, train = make_profiles(cfg.model, cfg.profile)
     trace = None
     if spot:
-        trace_cfg = replace(cfg.trace, segment="" if cfg.trace.path else cfg.segment, seed=cfg.seed,
-                            notice_s=cfg.notice_s)
-        trace = load_trace(trace_cfg)
+        trace = offered_instances(cfg)
     run = ClusterRun(cfg, engine=engine, train=train, workload=Workload(cfg.workload), rollout_gpus=rollout_gpus,
                      train_gpus=train_gpus, colocated=colocated, trace=trace, controller=controller,
                      seed_s=seed_s, meter=_meter(cfg, cfg.reserved_nodes), max_steps=max_steps)

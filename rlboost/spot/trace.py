@@ -124,6 +124,14 @@ class SpotTrace:
         counts = [math.floor(n * fraction + 1e-9) for n in self.counts]
         return _normalised(list(self.times_s), counts)
 
+    def regrouped(self, trace_gpus: int, instance_gpus: int) -> SpotTrace:
+        """The same GPUs counted in instances of another size: floor(n * trace_gpus / instance_gpus)
+        per row. A trace of single-GPU VMs (the Bamboo P3 trace) offers half as many 2-GPU instances:
+        a market with 15 free GPUs has 7 free pairs, not 15."""
+        if trace_gpus < 1 or instance_gpus < 1:
+            raise ValueError(f"GPUs per instance must be >= 1, got {trace_gpus} and {instance_gpus}")
+        return _normalised(list(self.times_s), [n * trace_gpus // instance_gpus for n in self.counts])
+
     def compressed(self, factor: float) -> SpotTrace:
         """Times divided by `factor` (trace seconds per run second), so hours replay in minutes."""
         if not (factor > 0 and math.isfinite(factor)):
