@@ -11,9 +11,9 @@ import pytest
 from rlboost.policies.offload import OffloadConfig, OffloadController, StepTimings
 
 
-def timings(n=4, stable=True, wait_train=0.0, wait_remote=0.0, remote=30.0, train=20.0):
+def timings(n=4, stable=True, wait_train=0.0, wait_remote=0.0, remote=30.0, train=20.0, tokens_per_s=math.nan):
     return StepTimings(instances=n, stable=stable, wait_train_s=wait_train, wait_remote_s=wait_remote,
-                       remote_s=remote, train_s=train)
+                       remote_s=remote, train_s=train, tokens_per_s=tokens_per_s)
 
 
 def controller(seed=5.0, reserved=2, **cfg):
@@ -66,21 +66,35 @@ def test_memory_stored_only_when_n_was_stable():
     c = controller(seed=5.0)
     c.update(timings(n=4, stable=False, wait_train=10.0))
     assert c.memory == {}
-    c.update(timings(n=4, stable=True, wait_train=10.0))
-    assert c.memory == {4: pytest.approx(15.0)}
+    c.update(timings(n=4, stable=True, wait_train=10.0))  # the step ran with T_seed 10, next is 15
+    assert c.memory == {4: pytest.approx(10.0)} and c.seed_s == pytest.approx(15.0)
     c.update(timings(n=4, stable=False, wait_remote=20.0))  # a later unstable step leaves M[4]
-    assert c.memory == {4: pytest.approx(15.0)} and c.seed_s == pytest.approx(5.0)
+    assert c.memory == {4: pytest.approx(10.0)} and c.seed_s == pytest.approx(5.0)
+
+
+def test_memory_keeps_the_window_of_the_best_throughput():
+    c = controller(seed=10.0)
+    c.seed_for(4)
+    c.update(timings(n=4, wait_train=10.0, tokens_per_s=900.0))  # ran with 10 -> 15
+    c.seed_for(4)
+    c.update(timings(n=4, wait_train=10.0, tokens_per_s=1000.0))  # ran with 15 -> 20: best
+    c.seed_for(4)
+    c.update(timings(n=4, wait_remote=30.0, tokens_per_s=950.0))  # ran with 20 -> 5: worse
+    assert c.memory == {4: 15.0} and c.memory_tokens_per_s == {4: 1000.0}
+    assert c.seed_for(4) == 5.0  # n held: adapting goes on from where it is
+    c.update(timings(n=8, stable=False))
+    assert c.seed_for(8) == 5.0 and c.seed_for(4) == 15.0  # n changed back: the best window for 4
 
 
 def test_memory_reused_when_n_recurs_and_not_for_an_unseen_n():
     c = controller(seed=5.0)
-    c.update(timings(n=4, wait_train=10.0))  # M[4] = 10
-    c.update(timings(n=8, wait_remote=8.0))  # M[8] = 6
+    c.update(timings(n=4, wait_train=10.0))  # ran with 5: M[4] = 5, next 10
+    c.update(timings(n=8, wait_remote=8.0))  # ran with 10: M[8] = 10, next 6
     assert c.seed_for(3) == pytest.approx(6.0)  # unseen: carry on from the current value
-    assert c.seed_for(4) == pytest.approx(10.0)
-    assert c.seed_s == pytest.approx(10.0)  # and adapting continues from there
-    assert c.update(timings(n=4, wait_train=2.0)) == pytest.approx(11.0)
-    assert c.seed_for(8) == pytest.approx(6.0)
+    assert c.seed_for(4) == pytest.approx(5.0)
+    assert c.seed_s == pytest.approx(5.0)  # and adapting continues from there
+    assert c.update(timings(n=4, wait_train=2.0)) == pytest.approx(6.0)
+    assert c.seed_for(8) == pytest.approx(10.0)
 
 
 # --- the instance cap ---
@@ -134,16 +148,25 @@ def test_disabled_controller_is_constant():
 
 def test_state_dict_round_trips_through_json():
     c = controller(seed=5.0)
-    c.update(timings(n=4, wait_train=10.0, train=16.0))
-    c.update(timings(n=8, wait_remote=2.0, train=16.0))
-    state = json.loads(json.dumps(c.state_dict()))
+    c.update(timings(n=4, wait_train=10.0, train=16.0, tokens_per_s=800.0))
+    c.update(timings(n=8, wait_remote=2.0, train=16.0))  # an unknown throughput: stored as null
+    state = json.loads(json.dumps(c.state_dict(), allow_nan=False))
     restored = controller(seed=99.0)
     restored.load_state_dict(state)
     assert restored.seed_s == c.seed_s and restored.instance_cap() == c.instance_cap()
     assert restored.memory == c.memory and all(isinstance(n, int) for n in restored.memory)
+    assert restored.memory_tokens_per_s[4] == 800.0 and math.isnan(restored.memory_tokens_per_s[8])
     assert restored.seed_for(4) == c.seed_for(4)
     step = timings(n=4, wait_train=3.0, remote=12.0, train=7.0)
     assert restored.update(step) == c.update(step) and restored.instance_cap() == c.instance_cap()
+
+
+def test_a_checkpoint_without_throughputs_loads():
+    restored = controller(seed=99.0)
+    restored.load_state_dict({"seed_s": 7.0, "cap": 3, "memory": {"4": 12.0}})  # saved before they were kept
+    assert restored.memory == {4: 12.0} and restored.seed_for(4) == 12.0
+    restored.update(timings(n=4, tokens_per_s=500.0))  # any measured step beats an unranked window
+    assert restored.memory_tokens_per_s == {4: 500.0}
 
 
 def test_disabled_controller_keeps_its_window_on_load():
@@ -238,7 +261,7 @@ def test_memory_jumps_back_to_what_was_learned_for_a_recurring_n():
 
 def test_without_memory_nothing_is_stored_or_reused():
     c = controller(seed=5.0, memory=False)
-    c.update(timings(n=4, wait_train=10.0))  # stable, would be M[4] = 10
+    c.update(timings(n=4, wait_train=10.0))  # stable, would be M[4] = 5 (the step's window)
     assert c.memory == {}
     c.update(timings(n=8, wait_remote=8.0))  # 10 - 4 = 6, not remembered either
     assert c.seed_for(4) == pytest.approx(6.0)  # carries on from the current value
@@ -246,4 +269,4 @@ def test_without_memory_nothing_is_stored_or_reused():
     with_memory = controller(seed=5.0)
     with_memory.update(timings(n=4, wait_train=10.0))
     with_memory.update(timings(n=8, wait_remote=8.0))
-    assert with_memory.seed_for(4) == pytest.approx(10.0)
+    assert with_memory.seed_for(4) == pytest.approx(5.0)

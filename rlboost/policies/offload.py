@@ -3,8 +3,9 @@
 Contract: a step starts with n preemptible instances; the reserved workers generate alongside them
 for T_seed seconds (`seed_for(n)`), then train on groups as they stream in. After the step the
 caller reports its `StepTimings` to `update`, which moves T_seed by (t_wait_train − t_wait_remote)/η
-within [min_seed_s, max_seed_s], remembers it as M[n] when n held steady, and recomputes the cap on
-instances worth holding. Pure: no clock, no randomness, so the runtime and the simulator share it.
+within [min_seed_s, max_seed_s], remembers as M[n] the step's T_seed if it gave the best throughput
+seen with n instances held steady, and recomputes the cap on instances worth holding. When n changes,
+the next step starts from M[n]. Pure: no clock, no randomness, so the runtime and the simulator share it.
 """
 
 from __future__ import annotations
@@ -52,8 +53,9 @@ class StepTimings:
     stable: bool  # n did not change during the step (no preemption, no join)
     wait_train_s: float  # trainer idle waiting for micro-batches after the seeding window
     wait_remote_s: float  # instances idle after their last response until the step ended
-    remote_s: float  # how long the instances generated: step start to their last response
+    remote_s: float  # how long the instances generated: their first work to their last response
     train_s: float  # the trainer's compute time in the step
+    tokens_per_s: float = math.nan  # the step's throughput; M[n] keeps the T_seed of the best (NaN: unknown)
 
 
 class OffloadController:
@@ -64,16 +66,20 @@ class OffloadController:
         self.cfg = cfg
         self.num_reserved = num_reserved  # N_resv, in instance-equivalents of rollout throughput
         self.seed_s = self._clamp(initial_seed_s) if cfg.enabled else float(initial_seed_s)
-        self.memory: dict[int, float] = {}
+        self.memory: dict[int, float] = {}  # M[n]: the T_seed of the best step seen with n instances
+        self.memory_tokens_per_s: dict[int, float] = {}  # that step's throughput
+        self._last_n: int | None = None  # n of the previous step: M[n] is for when n changes
         self._cap: int | None = None  # None until a step has measured the training time
 
     def _clamp(self, seed_s: float) -> float:
         return min(max(float(seed_s), self.cfg.min_seed_s), self.cfg.max_seed_s)
 
     def seed_for(self, instances: int) -> float:
-        # A known n restarts from what was learned for it: after a preemption or a join, adapting
-        # from the previous n's value would take several steps to get back.
-        if self.cfg.enabled and self.cfg.memory and instances in self.memory:
+        # A known n restarts from the best window seen with it: after a preemption or a join, adapting
+        # from the previous n's value would take several steps to get back. While n holds, T_seed
+        # keeps adapting from where it is.
+        changed, self._last_n = instances != self._last_n, instances
+        if self.cfg.enabled and self.cfg.memory and changed and instances in self.memory:
             self.seed_s = self.memory[instances]
         return self.seed_s
 
@@ -89,7 +95,11 @@ class OffloadController:
         self.seed_s = self._clamp(step_seed_s + (t.wait_train_s - t.wait_remote_s) / self.cfg.eta)
         # A step whose n changed mixes two regimes; its outcome is no lesson for either n.
         if t.stable and self.cfg.memory:
-            self.memory[t.instances] = self.seed_s
+            # unknown throughputs (NaN) cannot be ranked: then the latest steady step's window is kept
+            best = self.memory_tokens_per_s.get(t.instances, math.nan)
+            if math.isnan(t.tokens_per_s) or math.isnan(best) or t.tokens_per_s >= best:
+                self.memory[t.instances] = step_seed_s
+                self.memory_tokens_per_s[t.instances] = t.tokens_per_s
         if t.train_s > 0:
             # Instance-seconds of generation the step needed, spread over the training time: the
             # instances that let rollout keep pace with training. More would only sit idle.
@@ -103,11 +113,18 @@ class OffloadController:
 
     def state_dict(self) -> dict:
         # JSON turns int keys into strings; store them as strings so a round trip is exact.
-        return {"seed_s": self.seed_s, "cap": self._cap,
-                "memory": {str(n): seed for n, seed in self.memory.items()}}
+        return {"seed_s": self.seed_s, "cap": self._cap, "last_n": self._last_n,
+                "memory": {str(n): seed for n, seed in self.memory.items()},
+                "memory_tokens_per_s": {str(n): None if math.isnan(v) else v
+                                        for n, v in self.memory_tokens_per_s.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.memory = {int(n): self._clamp(seed) for n, seed in state.get("memory", {}).items()}
+        # checkpoints from before the throughput was kept: any step with n beats the stored window
+        kept = state.get("memory_tokens_per_s", {})
+        self.memory_tokens_per_s = {n: math.nan if kept.get(str(n)) is None else float(kept[str(n)])
+                                    for n in self.memory}
+        self._last_n = state.get("last_n")
         self._cap = None if state.get("cap") is None else int(state["cap"])
         if self.cfg.enabled:  # disabled: T_seed stays what the config says
             self.seed_s = self._clamp(state["seed_s"])
