@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from dataclasses import replace
 
@@ -55,6 +56,23 @@ def test_jsq_zero_cap_uses_only_free_slots():
     loads = [worker("a", running=2), worker("b", running=4)]
     assignment = JSQDispatcher(0).assign(["x", "y", "z"], loads)
     assert assignment == {"x": "a", "y": "a"}
+
+
+def test_jsq_holds_the_share_of_incoming_workers():
+    # two ready workers, two pulling the step's weights: the ready ones take half, the rest waits
+    ready = [worker("a"), worker("b")]
+    incoming = [worker("c"), worker("d")]
+    samples = [f"s{i}" for i in range(8)]
+    assignment = JSQDispatcher(2).assign(samples, ready, incoming)
+    assert Counter(assignment.values()) == {"a": 2, "b": 2}
+    held = [s for s in samples if s not in assignment]
+    assert len(held) == 4
+    # once they serve, the held samples go to them: everyone ends with the same share
+    loads = [worker("a", running=2), worker("b", running=2), worker("c"), worker("d")]
+    assert Counter(JSQDispatcher(2).assign(held, loads).values()) == {"c": 2, "d": 2}
+    assert JSQDispatcher(2).assign(samples, ready, ()) == JSQDispatcher(2).assign(samples, ready)
+    with pytest.raises(ValueError, match="unique"):
+        JSQDispatcher(2).assign(samples, ready, [worker("a")])
 
 
 def test_jsq_prefers_fewer_pending():
@@ -163,6 +181,116 @@ def test_balancer_is_idempotent_and_does_not_mutate(loads):
     settled = apply(loads, moves)
     assert balancer.rebalance(settled, {}) == []
     assert sum(w.running + w.pending for w in settled) == sum(w.running + w.pending for w in loads)
+
+
+def reference_rebalance(balancer, loads, plateaus):
+    """The balancer as first written (O(workers²) phase 1): the reference its faster form must match."""
+    running = {load.name: load.running for load in loads}
+    pending = {load.name: load.pending for load in loads}
+    capacity = {load.name: load.max_running for load in loads}
+    moved = {}
+    moved_any = True
+    while moved_any:
+        moved_any = False
+        for target in sorted((n for n in running if pending[n] == 0), key=lambda n: (running[n], n)):
+            source = min(running, key=lambda n: (-pending[n], n))
+            has_free_slot = running[target] < capacity[target]
+            target_pending_after = 0 if has_free_slot else 1
+            if source == target or pending[source] - 1 < target_pending_after:
+                continue
+            pending[source] -= 1
+            if has_free_slot:
+                running[target] += 1
+            else:
+                pending[target] += 1
+            moved[(source, target, False)] = moved.get((source, target, False), 0) + 1
+            moved_any = True
+    for idle in sorted(n for n in running if running[n] == 0 and pending[n] == 0):
+        donors = [n for n in running if n != idle and pending[n] == 0]
+        if not donors:
+            continue
+        busiest = min(donors, key=lambda n: (-running[n], n))
+        plateau = plateaus.get(busiest)
+        if plateau is None:
+            plateau = balancer.default_plateau
+        if plateau is None:
+            continue
+        count = min(max(running[busiest] - plateau, 0), capacity[idle])
+        if count > 0:
+            running[busiest] -= count
+            running[idle] += count
+            moved[(busiest, idle, True)] = count
+    return [Move(source, target, count, executing) for (source, target, executing), count in moved.items()]
+
+
+def random_case(rng):
+    """Loads with many ties (small counts), full and zero-capacity workers, names that sort unlike
+    their numbers, plateaus missing, None, zero, negative or beyond the capacity, and half of the time
+    the manager's own shape (pending only on full workers)."""
+    names = rng.sample([f"w{i}" for i in range(24)], rng.randint(0, 12))
+    manager_shape = rng.random() < 0.5
+    loads = []
+    for name in names:
+        cap = rng.choice([0, 1, 2, 4, 4, 8])
+        if manager_shape:
+            assigned = rng.randint(0, cap + rng.choice([0, 0, 1, 3, 6]))
+            loads.append(worker(name, min(assigned, cap), max(assigned - cap, 0), cap))
+        else:
+            loads.append(worker(name, rng.randint(0, cap + 1), rng.choice([0, 0, 0, 1, 1, 2, 3, 5]), cap))
+    plateaus = {}
+    for name in names:
+        roll = rng.random()
+        if roll < 0.6:
+            plateaus[name] = rng.randint(-1, 9)  # -1: no profile gives it, yet the result must still match
+        elif roll < 0.8:
+            plateaus[name] = None
+    return loads, plateaus, rng.choice([None, None, 0, 1, 3])
+
+
+def test_balancer_matches_the_reference_on_random_loads():
+    rng = random.Random(20240611)
+    gated = moving = 0
+    for _ in range(5000):
+        loads, plateaus, default = random_case(rng)
+        balancer = Balancer(default_plateau=default)
+        expected = reference_rebalance(balancer, loads, plateaus)
+        assert balancer.rebalance(loads, plateaus) == expected, (loads, plateaus, default)
+        if not balancer.may_move(loads, plateaus):
+            gated += 1
+            assert expected == [], (loads, plateaus, default)  # the gate only skips calls without a move
+        moving += bool(expected)
+    assert gated > 1000 and moving > 1000  # both sides of the gate are exercised
+
+
+def test_balancer_matches_the_reference_at_scale():
+    rng = random.Random(7)
+    for _ in range(50):
+        loads = [worker(f"w{i}", rng.randint(0, 16), rng.choice([0, 0, 1, 2, 4]) if rng.random() < 0.3 else 0, 16)
+                 for i in range(rng.randint(50, 100))]
+        plateaus = {load.name: rng.choice([None, 4, 8, 12]) for load in loads}
+        assert Balancer().rebalance(loads, plateaus) == reference_rebalance(Balancer(), loads, plateaus)
+
+
+def test_balancer_gate_is_exact_on_simple_cases():
+    balancer = Balancer()
+    assert not balancer.may_move([worker("a", running=4, pending=1), worker("b", running=4)], {})  # b full
+    assert balancer.may_move([worker("a", running=4, pending=1), worker("b", running=3)], {})
+    assert not balancer.may_move([worker("a", running=4), worker("b")], {"a": 4})  # a at its plateau
+    assert balancer.may_move([worker("a", running=4), worker("b")], {"a": 3})
+    assert not balancer.may_move([worker("a", running=4), worker("b")], {})  # a's plateau unknown
+    assert Balancer(default_plateau=2).may_move([worker("a", running=4), worker("b")], {})
+
+
+def test_profile_plateau_cache_follows_observations():
+    profile = ThroughputProfile(tolerance=0.9, smoothing=1.0)
+    profile.observe(4, 100.0)
+    assert profile.plateau() == 4
+    profile.observe(8, 200.0)
+    assert profile.plateau() == 8
+    profile.observe(8, 50.0)  # smoothing 1: the new value replaces the old
+    assert profile.plateau() == 4
+    profile.observe(0, 1e9)  # ignored: leaves the cache as it was
+    assert profile.plateau() == 4
 
 
 # --- SpecBudget -------------------------------------------------------------------------------------

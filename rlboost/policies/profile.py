@@ -23,6 +23,10 @@ class ThroughputProfile:
         self.tolerance = tolerance
         self.smoothing = smoothing
         self._tokens_per_s_by_batch: dict[int, float] = {}
+        self._plateau: int | None = None
+        self._plateau_stale = False
+        # The manager asks every worker's plateau far more often than a report arrives; a cached value
+        # keeps that O(1). Only `observe` changes the curve, so it is the only place that invalidates.
 
     def observe(self, batch_size: int, tokens_per_s: float) -> None:
         # Idle steps and broken measurements carry no information about the curve.
@@ -34,8 +38,14 @@ class ThroughputProfile:
         else:
             self._tokens_per_s_by_batch[batch_size] = (
                 (1.0 - self.smoothing) * previous + self.smoothing * tokens_per_s)
+        self._plateau_stale = True
 
     def plateau(self) -> int | None:
+        if self._plateau_stale:
+            self._plateau, self._plateau_stale = self._compute_plateau(), False
+        return self._plateau
+
+    def _compute_plateau(self) -> int | None:
         if not self._tokens_per_s_by_batch:
             return None
         best = max(self._tokens_per_s_by_batch.values())
