@@ -149,3 +149,83 @@ def test_zero_preemptible_workers(fleet, ref):
     check_invariants(out, run, ref)
     assert run.stats.seed_s == pytest.approx(run.stats.rollout_s)  # nobody to hand off to: no switch
     refill(fleet)
+
+
+
+def test_the_gated_loop_decides_as_an_ungated_one(fleet, ref, monkeypatch):
+    """The loop skips the dispatcher and the balancer while nothing they read has changed since they
+    last did nothing. Before each of its turns this asks both, ungated, what they would decide on the
+    same state, and checks the loop does exactly that: in an undisturbed step (whose tail rebalances),
+    then through a fence, a notice and a kill that leave the work to the reserved worker."""
+    from rlboost.hybrid.manager import StepRun
+    from rlboost.policies import WorkerLoad
+
+    def ungated_loads(run):
+        loads = []
+        for h in run.m.alive():
+            if run._eligible(h):
+                running = min(len(h.assigned), h.max_running)
+                loads.append(WorkerLoad(h.name, running, len(h.assigned) - running, h.max_running))
+        return loads
+
+    def record(obj, name, calls):
+        method = getattr(type(obj), name)
+
+        def recorded(*args):
+            calls.append(method(obj, *args))
+            return calls[-1]
+        monkeypatch.setattr(obj, name, recorded)
+
+    assigned, balanced = [], []
+    record(fleet.manager.dispatcher, "assign", assigned)
+    record(fleet.manager.balancer, "rebalance", balanced)
+    count = {"dispatch": 0, "dispatch skipped": 0, "balance": 0, "balance skipped": 0}
+    dispatch, rebalance = StepRun._dispatch, StepRun._rebalance
+
+    def checked_dispatch(run):
+        before, calls = list(run.pending), len(assigned)
+        if not before or not ungated_loads(run):  # the ungated loop first let reserved workers back in
+            dispatch(run)
+            assert not run.pending or ungated_loads(run)
+            return
+        expected = run.m.dispatcher.assign(before, ungated_loads(run))
+        del assigned[calls:]
+        dispatch(run)
+        assert {uid: run.tracked[uid].worker for uid in set(before) - set(run.pending)} == expected
+        count["dispatch"] += 1
+        count["dispatch skipped"] += len(assigned) == calls
+
+    def checked_rebalance(run):
+        expected, calls, free = [], len(balanced), not run.pending and not run._aborts
+        if free:
+            plateaus = {h.name: h.profile._compute_plateau() for h in run.m.alive()}  # no cache
+            expected = run.m.balancer.rebalance(ungated_loads(run), plateaus)
+            del balanced[calls:]
+            count["balance"] += 1
+        rebalance(run)
+        assert (balanced[calls] if len(balanced) > calls else []) == expected
+        count["balance skipped"] += free and len(balanced) == calls
+
+    monkeypatch.setattr(StepRun, "_dispatch", checked_dispatch)
+    monkeypatch.setattr(StepRun, "_rebalance", checked_rebalance)
+
+    out, run = run_step(fleet)  # undisturbed: the tail leaves instances idle next to busy ones
+    check_invariants(out, run, ref)
+
+    def fence_then_notice():
+        time.sleep(0.4)
+        live = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)
+        fleet.manager.fence(live[0].name, "test: fenced")
+        time.sleep(0.2)
+        fleet.manager.notice(live[1].name, 1.0)
+
+    thread = threading.Thread(target=fence_then_notice, daemon=True)
+    thread.start()
+    out, run = run_step(fleet, kills=[(0.9, 1)])  # the third instance: the reserved worker takes the rest back
+    thread.join()
+    check_invariants(out, run, ref)
+    assert count["dispatch skipped"] > 0 and count["balance skipped"] > 0, count
+    for h in fleet.manager.alive(PREEMPTIBLE):
+        if h.noticed:
+            fleet.preempt(h)
+    refill(fleet)

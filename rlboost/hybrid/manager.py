@@ -48,6 +48,21 @@ from rlboost.rollout.sample import Group, Sample
 RESERVED, PREEMPTIBLE = "reserved", "preemptible"
 POLL_S = 0.02
 NODE_CHECK_S = 0.5
+TURN_S = 0.02
+"""Shortest time between two of the loop's turns while reports keep coming. Every turn pays a wait
+on every worker's stream, O(workers), and a fetch: turning once per report made the loop's CPU grow
+as workers × reports. The reports that arrive within a turn are handled together, at most 20 ms (the
+loop's poll period, POLL_S) after they arrive: less than the stream_interval decode steps a report
+covers (about 60 ms for 8 steps of the emulated Qwen3-8B on an H100). What the loop decides from a
+report is unchanged, only when it does."""
+SHARE_GRACE_S = 1.0
+"""A pulling worker keeps its share of the dispatch for at least this long (see `_incoming`)."""
+HOUSEKEEPING_S = 0.05
+"""Period of the loop's per-worker checks: heartbeats and pings, abort and pull timeouts, finished
+weight pulls. Each costs O(workers), and the loop turns up to 50 times a second, far more often
+than they need: the timeouts they enforce are seconds (heartbeat_interval_s, call_timeout_s,
+pull_timeout_s), and 50 ms delays a verdict, or a new worker's first dispatch, by less than one
+report interval. Fence requests and notices are queues, still read on every turn."""
 
 
 class State(enum.Enum):
@@ -153,12 +168,12 @@ class StepStats:
     """How long the reserved workers generated: the window, or the whole rollout if it ended first."""
     rollout_s: float = 0.0
     """From the start of the step to its last finished sample."""
+    remote_start_s: float | None = None
+    """From the start of the step to the first work a preemptible worker got; None: none got any."""
     received: Counter = field(default_factory=Counter)
     """Tokens the manager accepted per request id (sample uid # attempt)."""
     tokens_by_kind: Counter = field(default_factory=Counter)
     tokens_by_worker: Counter = field(default_factory=Counter)
-    last_finish: dict[str, float] = field(default_factory=dict)
-    """Monotonic time each live preemptible worker finished its last sample of the step."""
     tail_s: float = 0.0
     """From the first to the last live worker that generated in the step running out of samples."""
     overruns_moved: int = 0
@@ -187,6 +202,16 @@ class RolloutManager:
         """The version workers must serve."""
         self.pull_timeout_s = 120.0
         self.pull_retries = 2
+        self.longest_pull_s = 0.0
+        """The longest verified weight pull so far: how long a pulling worker may keep its share."""
+        self.changes = 0
+        """Bumped (under the lock: other threads bump it too) whenever a worker joins, dies, starts or
+        stops accepting work, or gets a new weight version: whenever the set of workers a step may
+        use, or their streams, may have changed."""
+
+    def _changed(self) -> None:
+        with self._lock:
+            self.changes += 1
 
     # ---- membership --------------------------------------------------------------------------------
 
@@ -205,6 +230,7 @@ class RolloutManager:
             self._start_pull(handle)
         with self._lock:
             self.workers[handle.name] = handle
+            self.changes += 1
         return True
 
     def _refusal(self, h: WorkerHandle) -> str:
@@ -223,6 +249,7 @@ class RolloutManager:
         h = self.workers.get(name)
         if h is not None and h.alive:
             h.accepting, h.noticed = False, True
+            self._changed()
             self._notices.put(name)
 
     def fence(self, name: str, reason: str, released: bool = False) -> None:
@@ -281,6 +308,8 @@ class RolloutManager:
                 dead(h, "it serves weights that fail the store's checksum")
                 continue
             h.version, h.checksum, h.pull_failures = result.version, result.checksum, 0
+            self.longest_pull_s = max(self.longest_pull_s, result.seconds)
+            self._changed()
             stats.pulls.append((h.name, result.seconds, result.nbytes))
             if h.ready is None and h.version == self.manifest.version:
                 h.ready = now
@@ -335,6 +364,7 @@ class RolloutManager:
         if not h.alive:
             return
         h.fenced, h.accepting = reason, False
+        self._changed()
         stats.deaths.append((t, h.name, reason))
         if h.kind == PREEMPTIBLE and not h.released:
             stats.preemptions += 1
@@ -379,6 +409,17 @@ class StepRun:
         self._aborts: dict[object, PendingAbort] = {}
         self._handoffs: set[object] = set()
         self._last_node_check = 0.0
+        self._next_housekeeping = 0.0
+        self._last_turn = 0.0
+        self._changes = 0
+        """Bumped by the loop whenever a worker's samples or plateau change: with the manager's
+        `changes`, everything the dispatcher's and the balancer's inputs derive from."""
+        self._eligible_cache: tuple[int, list[WorkerHandle]] | None = None
+        self._streams_cache: tuple[int, dict[object, WorkerHandle]] | None = None
+        self._dispatch_idle_at: tuple[int, int] | None = None
+        """The changes at which JSQ placed nothing: until they move, every pending sample still fits nowhere."""
+        self._balanced_at: tuple[int, int] | None = None
+        """The changes at which the balancer found no move: until they move, it finds none."""
         self._cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
         for h in manager.alive():
@@ -415,12 +456,14 @@ class StepRun:
                 if self._cancelled.is_set():
                     raise RuntimeError("rollout cancelled")
                 now = time.monotonic()
-                self._check_liveness(now)
-                self.m.poll_pulls(self.stats, now - self.t0, self._dead)
+                self._apply_fences()
+                if now >= self._next_housekeeping:
+                    self._next_housekeeping = now + HOUSEKEEPING_S
+                    self._check_liveness(now)
+                    self.m.poll_pulls(self.stats, now - self.t0, self._dead)
                 self._take_back_noticed()
                 if self.seeding and now >= self.deadline:
                     self._end_seeding(now)
-                self._ensure_capacity()
                 self._dispatch()
                 self._rebalance()
                 self._receive(POLL_S)
@@ -429,8 +472,6 @@ class StepRun:
             self.stats.rollout_s = now - self.t0
             if self.seeding:
                 self.stats.seed_s = self.stats.rollout_s
-            for h in self.m.alive(PREEMPTIBLE):
-                self.stats.last_finish[h.name] = h.last_finish if h.last_finish is not None else now
             # the tail: from the first to the last worker done (HistoPipe's measure), among the workers
             # that generated to the end: the instances, or the reserved ones when none was there
             finishers = self.m.alive(PREEMPTIBLE) or self.m.alive(RESERVED)
@@ -443,15 +484,23 @@ class StepRun:
             self.loop_cpu_s = time.thread_time() - cpu0
             self.training_may_start.set()
 
-    def _check_liveness(self, now: float) -> None:
+    def _changes_seen(self) -> tuple[int, int]:
+        return self._changes, self.m.changes
+
+    def _apply_fences(self) -> None:
         while not self.m._fence_requests.empty():
             name, reason = self.m._fence_requests.get()
             if name in self.m.workers:
                 self._dead(self.m.workers[name], reason)
-        for h in self.m.alive():
+
+    def _check_liveness(self, now: float) -> None:
+        workers = self.m.alive()
+        pings = [h.ping.ref for h in workers if h.ping is not None]
+        answered = set(ray.wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
+        for h in workers:
             # A quiet stream may just be a long engine step (a big prefill on one CPU thread): a ping,
             # answered by another thread of the worker, tells that from a frozen or dead process.
-            if h.ping is not None and ray.wait([h.ping.ref], timeout=0)[0]:
+            if h.ping is not None and h.ping.ref in answered:
                 try:
                     ray.get(h.ping.ref)
                     h.last_report = max(h.last_report, h.ping.sent)
@@ -484,13 +533,29 @@ class StepRun:
         """Results of control calls: a failed submit or abort means a dead worker; an abort's
         partial outputs put its samples back to pending (or straight onto a rebalancing target)."""
         calls = list(self._submits) + list(self._aborts)
-        for ref in ray.wait(calls, num_returns=len(calls), timeout=0)[0] if calls else []:
-            if ref in self._aborts:
-                try:
-                    self._aborted(ref, ray.get(ref))
-                except ray.exceptions.RayError as e:
-                    self._dead(self._aborts[ref].worker, f"abort failed: {first_line(e)}")
-                continue
+        done = ray.wait(calls, num_returns=len(calls), timeout=0)[0] if calls else []
+        self._collect_submits([ref for ref in done if ref in self._submits])  # they come first in `done` too
+        for ref in done:
+            if ref not in self._aborts:
+                continue  # a submission, or an abort dropped with its worker's death just now
+            try:
+                self._aborted(ref, ray.get(ref))
+            except ray.exceptions.RayError as e:
+                self._dead(self._aborts[ref].worker, f"abort failed: {first_line(e)}")
+
+    def _collect_submits(self, refs: list) -> None:
+        """Acknowledged submissions, fetched in one call; one by one only when some failed, to tell which."""
+        if not refs:
+            return
+        try:
+            ray.get(refs)
+        except Exception:  # noqa: BLE001 - sorted out, and re-raised where it must be, one by one below
+            pass
+        else:
+            for ref in refs:
+                del self._submits[ref]
+            return
+        for ref in refs:
             h = self._submits.pop(ref)
             try:
                 ray.get(ref)
@@ -505,6 +570,7 @@ class StepRun:
         for h in self.m.alive(RESERVED):
             h.accepting = False
             self._handoffs.add(self._take_back(h, sorted(h.assigned), "seed_handoff", then_sleep=True))
+        self.m._changed()
         self.seeding = False
         self.stats.seed_s = now - self.t0
         self._release_trainer()
@@ -515,7 +581,7 @@ class StepRun:
             self.training_may_start.set()
 
     def _ensure_capacity(self) -> None:
-        if not self.pending or any(self._eligible(h) for h in self.m.alive()):
+        if not self.pending or self._eligible_workers():
             return
         reserved = [h for h in self.m.alive(RESERVED) if h.version == self.version]
         if not reserved:
@@ -523,31 +589,62 @@ class StepRun:
                                + "; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths))
         for h in reserved:  # every preemptible worker is gone: the reserved ones take the work back
             h.accepting = True
+        self.m._changed()
 
     def _eligible(self, h: WorkerHandle) -> bool:
         return h.alive and h.accepting and h.version == self.version
 
-    def _loads(self) -> list[WorkerLoad]:
+    def _eligible_workers(self) -> list[WorkerHandle]:
+        """The live workers that may take work now, in the manager's order. Who they are changes only
+        with the manager's `changes`: the list is rebuilt then, not on every turn that needs it."""
+        changes = self.m.changes  # read first: a change while the list is built rebuilds it next time
+        if self._eligible_cache is None or self._eligible_cache[0] != changes:
+            self._eligible_cache = (changes, [h for h in self.m.alive() if self._eligible(h)])
+        return self._eligible_cache[1]
+
+    def _loads(self, workers: list[WorkerHandle]) -> list[WorkerLoad]:
         loads = []
-        for h in self.m.alive():
-            if self._eligible(h):
-                running = min(len(h.assigned), h.max_running)
-                loads.append(WorkerLoad(h.name, running, len(h.assigned) - running, h.max_running))
+        for h in workers:
+            running = min(len(h.assigned), h.max_running)
+            loads.append(WorkerLoad(h.name, running, len(h.assigned) - running, h.max_running))
         return loads
 
     def _dispatch(self) -> None:
         if not self.pending:
             return
-        decisions = self.m.dispatcher.assign(list(self.pending), self._loads())
-        if decisions:
-            self.pending = deque(uid for uid in self.pending if uid not in decisions)
-            by_worker: dict[str, list[str]] = {}
-            for uid, name in decisions.items():
-                by_worker.setdefault(name, []).append(uid)
-            for name, uids in by_worker.items():
-                self._submit(self.m.workers[name], uids)
+        # Pure JSQ returns nothing exactly when no worker is open, whatever samples wait: until a
+        # worker's samples or eligibility change, asking again (O(pending + workers)) is wasted.
+        incoming = self._incoming(time.monotonic())  # who is owed a share changes with time too
+        seen = (self._changes_seen(), tuple(load.name for load in incoming))
+        if seen == self._dispatch_idle_at:
+            return
+        self._ensure_capacity()  # its answer too rests only on eligibility and the pending queue being non-empty
+        seen = (self._changes_seen(), seen[1])
+        decisions = self.m.dispatcher.assign(list(self.pending), self._loads(self._eligible_workers()), incoming)
+        if not decisions:
+            self._dispatch_idle_at = seen
+            return
+        self.pending = deque(uid for uid in self.pending if uid not in decisions)
+        by_worker: dict[str, list[str]] = {}
+        for uid, name in decisions.items():
+            by_worker.setdefault(name, []).append(uid)
+        for name, uids in by_worker.items():
+            self._submit(self.m.workers[name], uids)
+
+    def _incoming(self, now: float) -> list[WorkerLoad]:
+        """Preemptible workers pulling the step's weights, no notice, and not for longer than a pull
+        takes (twice the longest seen, at least SHARE_GRACE_S): their share waits for them. A pull
+        that hangs (a frozen or cut-off worker) gives its share back to the others."""
+        if not self.cfg.share_with_pulling:
+            return []
+        grace = max(SHARE_GRACE_S, 2 * self.m.longest_pull_s)
+        return [WorkerLoad(h.name, 0, 0, h.max_running) for h in self.m.alive(PREEMPTIBLE)
+                if h.version != self.version and h.pull is not None and h.pull.version == self.version
+                and not h.noticed and now - h.pull.sent <= grace]
 
     def _submit(self, h: WorkerHandle, uids: list[str]) -> None:
+        if h.kind == PREEMPTIBLE and self.stats.remote_start_s is None:
+            self.stats.remote_start_s = time.monotonic() - self.t0
         requests = []
         for uid in uids:
             track = self.tracked[uid]
@@ -559,6 +656,7 @@ class StepRun:
                              len(track.sample.prompt_ids)))
             h.assigned.add(uid)
         h.last_finish = None
+        self._changes += 1
         self._submits[h.actor.submit.remote(requests, self._histories_for(h, uids))] = h
 
     def _histories_for(self, h: WorkerHandle, uids: list[str]) -> list | None:
@@ -578,8 +676,17 @@ class StepRun:
     def _rebalance(self) -> None:
         if self.pending or self._aborts:
             return  # dispatch first; and decide on loads that no abort in flight is about to change
-        plateaus = {h.name: h.profile.plateau() for h in self.m.alive()}
-        for move in self.m.balancer.rebalance(self._loads(), plateaus):
+        seen = self._changes_seen()
+        if seen == self._balanced_at:
+            return  # the balancer is pure: the loads and plateaus that gave no move still give none
+        workers = self._eligible_workers()
+        loads = self._loads(workers)
+        plateaus = {h.name: h.profile.plateau() for h in workers}  # it reads only those of `loads`
+        balancer = self.m.balancer
+        moves = balancer.rebalance(loads, plateaus) if balancer.may_move(loads, plateaus) else []
+        if not moves:
+            self._balanced_at = seen
+        for move in moves:
             source, target = self.m.workers[move.source], self.m.workers[move.target]
             # the cheapest to move are those with the fewest tokens (least prompt to re-prefill) ...
             by_progress = sorted(source.assigned, key=lambda u: (len(self.tracked[u].sample.response_ids), u))
@@ -604,6 +711,7 @@ class StepRun:
         those absent finished meanwhile (their last chunk is on its way)."""
         pa = self._aborts.pop(ref)
         self._handoffs.discard(ref)
+        self._changes += 1  # even with nothing moved: the balancer may now ask for the same moves again
         moved = []
         for request_id, partial in partials.items():
             uid = pa.requests[request_id]
@@ -636,29 +744,67 @@ class StepRun:
         sample.logprobs += partial.logprobs[len(received):]
         sample.versions += [partial.weight_version] * extra
 
+    def _streams(self) -> dict[object, WorkerHandle]:
+        """Every open stream (a fenced worker's too: what it sends is counted, then dropped) and its worker."""
+        changes = self.m.changes
+        if self._streams_cache is None or self._streams_cache[0] != changes:
+            self._streams_cache = (changes, {h.stream: h for h in list(self.m.workers.values())
+                                             if h.stream is not None})
+        return self._streams_cache[1]
+
     def _receive(self, timeout: float) -> None:
-        streams = {h.stream: h for h in list(self.m.workers.values()) if h.stream is not None}
+        streams = self._streams()
         if not streams:
             time.sleep(timeout)
             return
-        ready, _ = ray.wait(list(streams), num_returns=1, timeout=timeout)
-        if ready:
-            ready, _ = ray.wait(list(streams), num_returns=len(streams), timeout=0)
-        for gen in ready:
-            self._drain(streams[gen])
+        waitable = list(streams)
+        time.sleep(max(0.0, self._last_turn + TURN_S - time.monotonic()))
+        self._last_turn = time.monotonic()
+        # Whatever is there already, in one call; block (until the first report) only when nothing is.
+        ready, _ = ray.wait(waitable, num_returns=len(waitable), timeout=0)
+        if not ready:
+            ready, _ = ray.wait(waitable, num_returns=1, timeout=timeout)
+        # Drain what is ready, as the reports came, in rounds of one report per stream: a round costs
+        # one wait and one fetch for all of them. Nothing may stay behind: a death declared by other
+        # means (a failed call, a silent worker) drops whatever of its stream is still unread.
+        handles = [streams[gen] for gen in ready]
+        while handles:
+            self._take_one_report_each(handles)
+            handles = [h for h in handles if h.stream is not None]
+            ready = ray.wait([h.stream for h in handles], num_returns=len(handles), timeout=0)[0] if handles else []
+            handles = [streams[gen] for gen in ready]
 
-    def _drain(self, h: WorkerHandle) -> None:
-        while h.stream is not None and ray.wait([h.stream], timeout=0)[0]:
+    def _take_one_report_each(self, handles: list[WorkerHandle]) -> None:
+        """The next report of each of `handles`, whose streams have one ready, fetched in one call."""
+        taken = []
+        for h in handles:
             try:
-                report = ray.get(next(h.stream))
+                taken.append((h, next(h.stream)))
             except StopIteration:
-                h.stream = None
-                self._dead(h, "its stream ended")
+                self._stream_failed(h, "its stream ended")
             except ray.exceptions.RayError as e:
-                h.stream = None
-                self._dead(h, f"it died: {first_line(e)}")
+                self._stream_failed(h, f"it died: {first_line(e)}")
+        if not taken:
+            return
+        try:
+            reports = ray.get([ref for _, ref in taken])
+        except ray.exceptions.RayError:
+            reports = None  # a stream carries its worker's death: fetch one by one to tell whose
+        for i, (h, ref) in enumerate(taken):
+            if reports is not None:
+                self._on_report(h, reports[i])
+                continue
+            try:
+                report = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                self._stream_failed(h, f"it died: {first_line(e)}")
             else:
                 self._on_report(h, report)
+
+    def _stream_failed(self, h: WorkerHandle, reason: str) -> None:
+        h.stream = None
+        self._streams_cache = None  # a worker already fenced ends its stream without a change to see
+        self._dead(h, reason)
 
     def _on_report(self, h: WorkerHandle, report: WorkerReport) -> None:
         if not h.alive:  # fenced: whatever it says now is dropped
@@ -667,7 +813,10 @@ class StepRun:
         h.last_report = time.monotonic()
         h.generated = report.generated
         if report.batch_size and report.step_s > 0:
+            plateau = h.profile.plateau()
             h.profile.observe(report.batch_size, report.batch_size / report.step_s)
+            if h.profile.plateau() != plateau:
+                self._changes += 1
         for chunk in report.chunks:
             self._on_chunk(h, chunk)
 
@@ -678,21 +827,23 @@ class StepRun:
                 or str(track.attempt) != attempt):
             self.stats.stale_chunks += 1  # from an attempt already taken back; its tokens came with the abort
             return
-        sample = track.sample
+        sample, stats, tokens = track.sample, self.stats, chunk.token_ids
         self._check_version(sample, chunk.weight_version)
         if track.base + chunk.offset != len(sample.response_ids):
             raise RuntimeError(f"sample {uid}: chunk at response offset {track.base + chunk.offset} but "
                                f"{len(sample.response_ids)} tokens received (a gap or a duplicate)")
-        self.stats.received[chunk.request_id] += len(chunk.token_ids)
-        sample.response_ids += chunk.token_ids
+        n = len(tokens)
+        stats.received[chunk.request_id] += n
+        sample.response_ids += tokens
         sample.logprobs += chunk.logprobs
-        sample.versions += [chunk.weight_version] * len(chunk.token_ids)
-        self.stats.tokens_by_kind[h.kind] += len(chunk.token_ids)
-        self.stats.tokens_by_worker[h.name] += len(chunk.token_ids)
+        sample.versions += [chunk.weight_version] * n
+        stats.tokens_by_kind[h.kind] += n
+        stats.tokens_by_worker[h.name] += n
         if chunk.finished:
             sample.finish_reason = chunk.finish_reason
             track.state, track.worker = State.FINISHED, None
             h.assigned.discard(uid)
+            self._changes += 1
             if not h.assigned:
                 h.last_finish = time.monotonic()
             self.num_finished += 1
