@@ -116,7 +116,8 @@ class Run:
         train_s = time.perf_counter() - t1 - metrics["timing_s/reward"]
         metrics |= self.rollout.step_metrics(train_s)
         metrics.setdefault("timing_s/gen", t1 - t0)
-        metrics["timing_s/update_actor"] = train_s - metrics.get("timing_s/wait_train", 0.0)
+        # the backend knows what of train_s was not training (hybrid: the seeding window, waits for groups)
+        metrics.setdefault("timing_s/update_actor", train_s - metrics.get("timing_s/wait_train", 0.0))
         with timed(metrics, "update_weights"):
             self.rollout.publish(self.trainer.weights(), version=step)
         self.version = step

@@ -38,6 +38,11 @@ class HybridConfig:
     max_pending: int = 4
     """Θ: samples a worker may hold queued beyond its batch capacity (engine.max_num_seqs); more wait
     in the manager, where they can still go to whichever worker frees up first."""
+    share_with_pulling: bool = True
+    """Preemptible workers pulling the step's weights get their share of its dispatch, held in the
+    manager until they serve it (the paper's artifact deals every request among its engines at the
+    step's start). False: the workers ready first take all they can hold, and one seconds late idles
+    until the seeding hand-off."""
     plateau_tolerance: float = 0.9
     """A worker's throughput plateaus at the smallest batch size reaching this fraction of its best
     measured tokens/s; an idle worker takes the executing samples beyond that batch size."""

@@ -50,6 +50,7 @@ class HybridRollout:
         self.controller = OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved)
         self.provider = make_provider(cfg, self.fleet, seed).start()
         self.run: StepRun | None = None
+        self.released_at: float | None = None  # when the last step's trainer got the reserved resources
         self.instances_at_start = 0
         self.step_started = time.monotonic()
         self.seed_window_s = cfg.seed_window_s
@@ -57,7 +58,7 @@ class HybridRollout:
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """`training`: run the seeding window (a training step); otherwise every worker generates to
         the end (evaluation)."""
-        self.instances_at_start = len(self.manager.alive(PREEMPTIBLE))
+        self.instances_at_start = self._instances()
         self.step_started = time.monotonic()
         self.fleet.reap()
         order = overruns = None
@@ -70,7 +71,15 @@ class HybridRollout:
         history = self.history.responses if self.history is not None else None
         self.run = self.manager.start_step(groups, params, version, self.seed_window_s if training else None,
                                            order, overruns, history)
-        return self.run.groups()
+        self.released_at = None
+        return self._released(self.run)
+
+    def _released(self, run: StepRun) -> Iterator[Group]:
+        """The run's groups, noting when the trainer got the reserved resources (the seeding window
+        is not training time)."""
+        run.training_may_start.wait()
+        self.released_at = time.monotonic()
+        yield from run.groups()
 
     def publish(self, weights, version: int) -> None:
         """Put the new version in the weight store; reserved workers load it now, the others pull it."""
@@ -85,16 +94,23 @@ class HybridRollout:
 
     def step_metrics(self, train_s: float) -> dict[str, float]:
         """spot/*, migration/*, weights/*, the controller's timings and decisions, for the last step.
-        `train_s`: the trainer's time from the release of the reserved resources to its last update,
-        waits for groups included."""
+        `train_s`: the trainer's time from the return of `generate` to its last update, the seeding
+        window and waits for groups included (both are taken out of the controller's t_train)."""
         stats, now = self.run.stats, time.monotonic()
-        wait_remote = float(np.mean([now - t for t in stats.last_finish.values()])) if stats.last_finish else 0.0
-        instances_now = len(self.manager.alive(PREEMPTIBLE))
+        # How long the step went on after its last response (the paper's artifact: step time minus
+        # the time to the last response); 0 when no instance generated, as then nobody waited on it.
+        generated_remotely = stats.tokens_by_kind[PREEMPTIBLE] > 0
+        wait_remote = max(0.0, now - (self.run.t0 + stats.rollout_s)) if generated_remotely else 0.0
+        instances_now = self._instances()
+        window_s = (self.released_at or now) - self.step_started
+        compute_s = max(0.0, train_s - window_s - self.run.trainer_wait_s)
         timings = StepTimings(
             instances=self.instances_at_start,
             stable=instances_now == self.instances_at_start and stats.preemptions == 0,
             wait_train_s=self.run.trainer_wait_s, wait_remote_s=wait_remote,
-            remote_s=stats.rollout_s, train_s=max(0.0, train_s - self.run.trainer_wait_s))
+            remote_s=stats.rollout_s - stats.remote_start_s if stats.remote_start_s is not None else 0.0,
+            train_s=compute_s,
+            tokens_per_s=sum(stats.tokens_by_kind.values()) / max(now - self.step_started, 1e-9))
         self.controller.update(timings)
         cap = self.controller.instance_cap()
         self.provider.set_cap(cap)
@@ -127,10 +143,16 @@ class HybridRollout:
             "timing_s/seed": stats.seed_s,
             "timing_s/wait_train": self.run.trainer_wait_s,
             "timing_s/wait_remote": wait_remote,
+            "timing_s/update_actor": compute_s,
             "rollout/tail_s": stats.tail_s,
         } | ({"histopipe/overruns_moved": float(stats.overruns_moved),
               "histopipe/history_prompts": float(len(self.histopipe.history))} if self.histopipe is not None else {}) \
           | (spec_metrics(self._spec_stats(), len(self.history)) if self.history is not None else {})
+
+    def _instances(self) -> int:
+        """n of the controller: instances admitted or booting, the units of the cap the provider
+        enforces (a step that starts while its instances boot must not read as n = 0)."""
+        return len(self.manager.alive(PREEMPTIBLE)) + self.fleet.starting
 
     def _spec_stats(self):
         """The live workers' speculation counters since the last step; a worker that does not answer

@@ -394,7 +394,7 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         time.sleep(max(0.0, deadline - time.monotonic()))
         done.append(group)
     trained = time.monotonic()
-    metrics = rollout.step_metrics(trained - released)
+    metrics = rollout.step_metrics(trained - t0)
     rollout.publish(new_weights, k + 1)
     end = time.monotonic()
     driver_cpu = time.process_time() - cpu0
