@@ -10,12 +10,12 @@ import time
 
 import pytest
 
+from rlboost.engine.sampling_params import SamplingParams
 from rlboost.sim.emulated import (
     EmulatedEngine,
     EmulationConfig,
     EngineStateError,
     InvalidRequestError,
-    LightParams,
     logprob_at,
     token_at,
     workload_seed,
@@ -53,9 +53,9 @@ def fake_engine(cfg: EmulationConfig | None = None, eos=(EOS,)) -> tuple[Emulate
     return EmulatedEngine(cfg or config(), eos, clock=clock.now, sleep=clock.sleep), clock
 
 
-def params(seed: int, max_tokens: int | None = None, **kw) -> LightParams:
+def params(seed: int, max_tokens: int | None = None, **kw) -> SamplingParams:
     """max_tokens: the workload's cap by default (a truncated length runs to max_tokens)."""
-    return LightParams(max_tokens=max_tokens or config().lengths().max_response, seed=seed, **kw)
+    return SamplingParams(max_tokens=max_tokens or config().lengths().max_response, seed=seed, **kw)
 
 
 def run_all(engine: EmulatedEngine) -> tuple[dict, dict]:

@@ -3,12 +3,35 @@
 Files, nano-vllm style: sequence (request state and outputs), scheduler (what runs next),
 kv_cache (slot cache), model_runner (forward pass), sampler + rng (tokens and log-probs), engine
 (the public contract).
+
+Names are imported on first use (PEP 562): the request and output types (`SamplingParams`,
+`StreamChunk`, `PartialOutput`) are torch-free, so processes that only pass them around (the
+emulated light workers) can import them without loading torch, which `LLMEngine` needs.
 """
 
-from rlboost.engine.config import EngineConfig
-from rlboost.engine.engine import EngineStateError, InvalidRequestError, LLMEngine
-from rlboost.engine.sampling_params import SamplingParams
-from rlboost.engine.sequence import Completion, PartialOutput, StreamChunk
+from importlib import import_module
 
-__all__ = ["EngineConfig", "LLMEngine", "SamplingParams", "StreamChunk", "PartialOutput", "Completion",
-           "InvalidRequestError", "EngineStateError"]
+_WHERE = {
+    "EngineConfig": "config",
+    "LLMEngine": "engine",
+    "EngineStateError": "engine",
+    "InvalidRequestError": "engine",
+    "SamplingParams": "sampling_params",
+    "StreamChunk": "sequence",
+    "PartialOutput": "sequence",
+    "Completion": "sequence",
+}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'rlboost.engine' has no attribute {name!r}")
+    value = getattr(import_module(f"rlboost.engine.{_WHERE[name]}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

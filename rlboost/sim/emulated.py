@@ -41,6 +41,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
+from rlboost.engine.sampling_params import SamplingParams
+from rlboost.engine.sequence import PartialOutput, StreamChunk
 from rlboost.sim.profile import MODELS, EngineProfile, EngineState, ProfileConfig, TrainProfile, make_profiles
 from rlboost.sim.workload import Workload, WorkloadConfig
 
@@ -131,34 +133,8 @@ class EngineStateError(RuntimeError):
     """The engine cannot do this now: busy with requests, or asleep (as rlboost.engine.EngineStateError)."""
 
 
-# ---- what the engine hands back: field for field rlboost.engine's classes, defined here so that the
-# ---- light worker never imports torch (the manager reads attributes only)
-
-@dataclass
-class Chunk:
-    """As rlboost.engine.sequence.StreamChunk: at most stream_interval tokens of one request."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[float]
-    offset: int
-    """Index within this request's output of token_ids[0]."""
-    finished: bool
-    finish_reason: str | None
-    weight_version: int
-
-
-@dataclass
-class Partial:
-    """As rlboost.engine.sequence.PartialOutput: everything an aborted request generated."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    logprobs: list[float]
-    seed: int
-    weight_version: int
-
+# ---- what the engine hands back: its chunks and partial outputs are rlboost.engine.sequence's own
+# ---- (torch-free); SpecStats lives with the torch engine, so its counters are mirrored here
 
 @dataclass
 class SpecCounters:
@@ -171,20 +147,6 @@ class SpecCounters:
     verify_steps: int = 0
     verify_s: float = 0.0
     plain_equivalent_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class LightParams:
-    """The fields of rlboost.engine.SamplingParams that an emulated engine reads; what a SamplingParams
-    becomes on its way to a light worker (`rlboost.sim.emulated_worker.torch_free_wire`)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_tokens: int = 16
-    stop_token_ids: tuple[int, ...] | None = None
-    ignore_eos: bool = False
-    seed: int | None = None
 
 
 # ---- content: pure functions of (seed, position) ----------------------------------------------------
@@ -352,7 +314,7 @@ class EmulatedEngine:
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params=None, prompt_len: int | None = None) -> int:
         """Admit a request; returns its seed. `prompt_len`: how much of `prompt_token_ids` is the
         original prompt when resubmitting prompt + partial tokens (None: all of it)."""
-        params = params if params is not None else LightParams()
+        params = params if params is not None else SamplingParams()
         where = f"request {request_id!r}"
         if self.asleep:
             raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
@@ -395,7 +357,7 @@ class EmulatedEngine:
             items, self._incoming = self._incoming, []
             self.state.submit(items, self._incoming_at)
 
-    def abort(self, request_ids: Iterable[str]) -> dict[str, Partial]:
+    def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
         """Remove requests; the exact partial output of each still in the engine (ids that finished
         or were never added are ignored)."""
         ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._reqs]
@@ -407,7 +369,7 @@ class EmulatedEngine:
         for rid in ids:
             req = self._reqs.pop(rid)
             self._materialize(req, made[rid])
-            out[rid] = Partial(rid, list(req.prompt), list(req.out), list(req.logprobs), req.seed,
+            out[rid] = PartialOutput(rid, list(req.prompt), list(req.out), list(req.logprobs), req.seed,
                                self.weight_version)
         return out
 
@@ -430,7 +392,7 @@ class EmulatedEngine:
 
     # ---- the step --------------------------------------------------------------------------------
 
-    def step(self) -> list[Chunk]:
+    def step(self) -> list[StreamChunk]:
         """A prefill, or up to stream_interval decode steps, slept through; returns the chunks."""
         if self.asleep:
             raise EngineStateError("the engine is asleep; call wake() first")
@@ -454,7 +416,7 @@ class EmulatedEngine:
         self.spec_stats.decode_steps += state.step - steps0
         return self._emit(set(finished))
 
-    def _emit(self, finished: set[str]) -> list[Chunk]:
+    def _emit(self, finished: set[str]) -> list[StreamChunk]:
         progress = self.state.progress()
         interval = self.config.stream_interval
         chunks = []
@@ -465,7 +427,7 @@ class EmulatedEngine:
             while len(req.out) - req.streamed >= interval or (done and req.streamed < len(req.out)):
                 n = min(interval, len(req.out) - req.streamed)
                 last = done and req.streamed + n == len(req.out)
-                chunks.append(Chunk(rid, req.out[req.streamed:req.streamed + n],
+                chunks.append(StreamChunk(rid, req.out[req.streamed:req.streamed + n],
                                     req.logprobs[req.streamed:req.streamed + n], req.streamed, last,
                                     req.reason if last else None, self.weight_version))
                 req.streamed += n
@@ -521,6 +483,6 @@ class EmulatedEngine:
                                    "unfinished; let them finish or abort() them first")
 
 
-__all__ = ["FIRST_TOKEN", "WORKER_KINDS", "Chunk", "EmulatedEngine", "EmulationConfig", "EngineStateError",
-           "InvalidRequestError", "LightParams", "Partial", "ResponseLengths", "SpecCounters", "logprob_at",
+__all__ = ["FIRST_TOKEN", "WORKER_KINDS", "EmulatedEngine", "EmulationConfig", "EngineStateError",
+           "InvalidRequestError", "ResponseLengths", "SpecCounters", "logprob_at",
            "token_at", "workload_seed"]

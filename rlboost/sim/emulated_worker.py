@@ -10,10 +10,10 @@ therefore run for real. A RolloutWorker process of the tiny test model holds abo
 memory (torch and transformers), this one about 50 MB (Ray and numpy): 64 instances fit in 4 GB.
 
 The Fleet starts it instead of a RolloutWorker when `WorkerSpec.emulate.worker == "light"`
-(`light_worker`). The manager sends it SamplingParams and WeightManifests; unpickling those imports
-their modules, hence torch. `torch_free_wire()` registers Ray serializers on the driver that ship
-them as the attribute-compatible `LightParams` and `LightManifest` instead; without it a light
-worker still works, only heavier.
+(`light_worker`). The manager sends it SamplingParams (torch-free) and WeightManifests; unpickling a
+WeightManifest imports its module, hence torch. `torch_free_wire()` registers a Ray serializer on the
+driver that ships it as the attribute-compatible `LightManifest` instead; without it a light worker
+still works, only heavier.
 """
 
 from __future__ import annotations
@@ -24,11 +24,12 @@ import time
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import ray
 
-from rlboost.sim.emulated import Chunk, EmulatedEngine, EmulationConfig, LightParams, Partial, SpecCounters
+from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.sim.emulated import EmulatedEngine, EmulationConfig, SpecCounters
 
 
 @dataclass
@@ -48,7 +49,7 @@ class LightSpec:
 
 @dataclass
 class Report:
-    chunks: list[Chunk]
+    chunks: list[StreamChunk]
     running: int
     waiting: int
     generated: dict[str, int] = field(default_factory=dict)
@@ -127,7 +128,7 @@ class EmulatedWorker:
             stats, self.engine.spec_stats = self.engine.spec_stats, SpecCounters()
             return stats
 
-    def abort(self, request_ids: list[str], then_sleep: bool = False) -> dict[str, Partial]:
+    def abort(self, request_ids: list[str], then_sleep: bool = False) -> dict[str, PartialOutput]:
         with self._cv:
             partials = self.engine.abort(request_ids)
             if then_sleep and not self.engine.has_unfinished():
@@ -181,11 +182,11 @@ class EmulatedWorker:
                 last_report = time.monotonic()
                 yield report
 
-    def _report(self, chunks: list[Chunk], batch_size: int = 0, step_s: float = 0.0) -> Report:
+    def _report(self, chunks: list[StreamChunk], batch_size: int = 0, step_s: float = 0.0) -> Report:
         return Report(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
                       batch_size, step_s)
 
-    def _write_ledger(self, chunks: list[Chunk]) -> None:
+    def _write_ledger(self, chunks: list[StreamChunk]) -> None:
         if self._ledger is not None:
             counts = self.engine.progress() | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished}
             self._ledger.write(" ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
@@ -213,16 +214,8 @@ def light_worker(spec) -> tuple[object, LightSpec]:
 
 # ---- the torch-free wire ---------------------------------------------------------------------------
 
-def light_params(fields: tuple) -> LightParams:
-    return LightParams(*fields)
-
-
 def light_manifest(fields: tuple) -> LightManifest:
     return LightManifest(*fields)
-
-
-def _params_fields(p) -> tuple:
-    return (p.temperature, p.top_p, p.top_k, p.max_tokens, p.stop_token_ids, p.ignore_eos, p.seed)
 
 
 def _manifest_fields(m) -> tuple:
@@ -231,21 +224,16 @@ def _manifest_fields(m) -> tuple:
 
 @contextmanager
 def torch_free_wire():
-    """While active, this process sends every SamplingParams as a LightParams and every WeightManifest
-    as a LightManifest (Ray custom serializers), so light workers unpickle nothing that imports torch.
+    """While active, this process sends every WeightManifest as a LightManifest (a Ray custom
+    serializer), so light workers unpickle nothing that imports torch.
     Process-wide: only for runs whose workers are all light (a RolloutWorker cannot load a
     LightManifest)."""
-    from rlboost.engine.sampling_params import SamplingParams
     from rlboost.hybrid.weights import WeightManifest
 
-    if [f.name for f in fields(SamplingParams)] != [f.name for f in fields(LightParams)]:
-        raise RuntimeError("LightParams no longer mirrors SamplingParams field for field; update it")
-    ray.util.register_serializer(SamplingParams, serializer=_params_fields, deserializer=light_params)
     ray.util.register_serializer(WeightManifest, serializer=_manifest_fields, deserializer=light_manifest)
     try:
         yield
     finally:
-        ray.util.deregister_serializer(SamplingParams)
         ray.util.deregister_serializer(WeightManifest)
 
 
