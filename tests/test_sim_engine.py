@@ -8,17 +8,9 @@ from collections import deque
 
 import pytest
 
-from rlboost.sim.profile import (
-    H100,
-    KV_WATERMARK,
-    MODELS,
-    EngineProfile,
-    EngineState,
-    GPUSpec,
-    ProfileConfig,
-    engine_rollout,
-    make_profiles,
-)
+from rlboost.sim.batching import EngineState, KV_WATERMARK, engine_rollout
+from rlboost.sim.profile import EngineProfile, ProfileConfig, make_profiles
+from rlboost.sim.specs import GPUSpec, H100, MODELS
 
 
 def small_engine(kv_tokens: int, max_num_seqs: int = 512) -> EngineProfile:

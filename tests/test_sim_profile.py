@@ -9,21 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from rlboost.sim.profile import (
-    CALIBRATION_TARGET,
-    H100,
-    KV_WATERMARK,
-    MODELS,
-    EngineProfile,
-    GPUSpec,
-    ModelSpec,
-    ProfileConfig,
-    TrainProfile,
-    colocated_run,
-    colocated_step,
-    engine_rollout,
-    make_profiles,
-)
+from rlboost.sim.baselines import CALIBRATION_TARGET, colocated_run, colocated_step
+from rlboost.sim.batching import KV_WATERMARK, engine_rollout
+from rlboost.sim.profile import EngineProfile, ProfileConfig, TrainProfile, make_profiles
+from rlboost.sim.specs import GPUSpec, H100, MODELS, ModelSpec
 
 # --- model shapes ---
 

@@ -21,7 +21,7 @@ from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo, s
 @dataclass
 class HistoPipeBenchConfig:
     model: str = "qwen3-8b"
-    """Profile (`rlboost.sim.profile.MODELS`) whose decode step time prices a batch."""
+    """Profile (`rlboost.sim.specs.MODELS`) whose decode step time prices a batch."""
     engines: list[int] = field(default_factory=lambda: [8, 16])
     """Rollout engines (8: one 8xH100 node at tp 1; 16: plus four 2xH100 instances)."""
     slots: list[int] = field(default_factory=lambda: [32, 64, 128])

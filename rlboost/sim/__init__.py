@@ -1,19 +1,22 @@
-"""Discrete-event simulation of whole RL training runs at cluster scale (DESIGN.md 2.9): the
-performance profiles of rollout engines and training (`profile`), the response-length workload
-(`workload`) it runs on, the event-driven cluster (`cluster`) and the runs of every policy
-(`simulator`: `simulate(SimConfig(...))`). Pure: no clock, no torch, no Ray."""
+"""Discrete-event simulation of whole RL training runs at cluster scale (DESIGN.md 2.9): datasheets
+(`specs`), the roofline performance profiles of rollout engines and training (`profile`), how an engine
+batches samples through time (`batching`), the veRL baseline (`baselines`), the response-length
+workload (`workload`), the event-driven cluster (`cluster`, a shell around the runtime's own
+`rlboost.rollout.step_state.StepState`) and the runs of every policy (`simulator`:
+`simulate(SimConfig(...))`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
+the real runtime run at the profile's speed; it is the one module here that the runtime loads."""
 
 from __future__ import annotations
 
 import importlib
 
-# Re-exports resolve on first use (PEP 562) rather than at package import: importing the submodules
-# here would make `python -m rlboost.sim.profile` run a second copy of a module already imported.
+# Re-exports resolve on first use (PEP 562): `import rlboost.sim.X` loads X and what it needs, not every module.
 _EXPORTS = {
-    "H100": "profile", "MODELS": "profile", "EngineProfile": "profile", "EngineRollout": "profile",
-    "GPUSpec": "profile", "ModelSpec": "profile", "ProfileConfig": "profile", "TrainProfile": "profile",
-    "colocated_run": "profile", "colocated_step": "profile", "engine_rollout": "profile",
-    "make_profiles": "profile", "EngineState": "profile", "Workload": "workload", "WorkloadConfig": "workload",
+    "H100": "specs", "MODELS": "specs", "GPUSpec": "specs", "ModelSpec": "specs",
+    "EngineProfile": "profile", "ProfileConfig": "profile", "TrainProfile": "profile", "make_profiles": "profile",
+    "EngineRollout": "batching", "EngineState": "batching", "engine_rollout": "batching",
+    "colocated_run": "baselines", "colocated_step": "baselines",
+    "Workload": "workload", "WorkloadConfig": "workload",
     "ClusterRun": "cluster", "StepRecord": "cluster", "POLICIES": "simulator", "SimConfig": "simulator",
     "SimResult": "simulator", "simulate": "simulator",
 }

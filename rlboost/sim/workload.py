@@ -18,7 +18,7 @@ sensitivity studies and tests. Pure: numpy's seeded generators, no clock.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -160,56 +160,4 @@ def lognormal_truncation(cfg: WorkloadConfig) -> float:
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
-def stats_table(configs: dict[str, WorkloadConfig], steps: int = 8) -> str:
-    """Length statistics of each named workload, as a markdown table."""
-    lines = ["| workload | mean | median | p90 | p99 | at the cap |", "|---|---|---|---|---|---|"]
-    for name, cfg in configs.items():
-        st = Workload(cfg).stats(steps)
-        lines.append(f"| {name} | {st['mean']:,.0f} | {st['median']:,.0f} | {st['p90']:,.0f} | {st['p99']:,.0f} "
-                     f"| {st['truncated']:.1%} |")
-    return "\n".join(lines)
-
-
-def sensitivity_configs() -> dict[str, WorkloadConfig]:
-    """The default workload and one-at-a-time variations of its shape."""
-    base = WorkloadConfig()
-    variants = {"default (median 3500, sigma 0.7, within 0.4)": base}
-    for factor in (0.5, 2.0):
-        variants[f"median x{factor:g}"] = replace(base, median_response=round(base.median_response * factor))
-    for sigma in (0.4, 1.0):
-        variants[f"sigma {sigma}"] = replace(base, sigma=sigma)
-    for within in (0.2, 0.6):
-        variants[f"within_group_sigma {within}"] = replace(base, within_group_sigma=within)
-    variants["uniform on [1, 2 x median]"] = replace(base, distribution="uniform")
-    variants["fixed at the median"] = replace(base, distribution="fixed")
-    return variants
-
-
-def sensitivity_table(steps: int = 32) -> str:
-    """veRL on Qwen3-8B (one 8xH100 node, calibrated profile) under each workload variation."""
-    from rlboost.sim.profile import colocated_run  # the profile module imports this one
-
-    lines = ["| workload | mean length | at the cap | rollout_s | train_s | tokens/s per node | vs default |",
-             "|---|---|---|---|---|---|---|"]
-    baseline = None
-    for name, cfg in sensitivity_configs().items():
-        st = Workload(cfg).stats(steps)
-        run = colocated_run("qwen3-8b", workload=cfg, steps=steps)
-        baseline = baseline if baseline is not None else run["tokens_per_s"]
-        lines.append(f"| {name} | {st['mean']:,.0f} | {st['truncated']:.1%} | {run['rollout_s']:.0f} "
-                     f"| {run['train_s']:.0f} | {run['tokens_per_s']:,.0f} "
-                     f"| {run['tokens_per_s'] / baseline - 1:+.0%} |")
-    return "\n".join(lines)
-
-
-def main() -> None:
-    print(stats_table({"default": WorkloadConfig()}, steps=32))
-    print()
-    print(sensitivity_table())
-
-
-__all__ = ["DISTRIBUTIONS", "Workload", "WorkloadConfig", "lognormal_truncation", "sensitivity_configs"]
-
-
-if __name__ == "__main__":
-    main()
+__all__ = ["DISTRIBUTIONS", "Workload", "WorkloadConfig", "lognormal_truncation"]
