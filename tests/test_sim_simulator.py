@@ -14,8 +14,9 @@ from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.profile import ThroughputProfile
-from rlboost.sim.cluster import ClusterRun
-from rlboost.sim.profile import CALIBRATION_TARGET, ProfileConfig, colocated_run, colocated_step, make_profiles
+from rlboost.rollout.step_state import StepState
+from rlboost.sim.baselines import CALIBRATION_TARGET, colocated_run, colocated_step
+from rlboost.sim.profile import ProfileConfig, make_profiles
 from rlboost.sim.simulator import POLICIES, SimConfig, disagg_splits, offered_instances, simulate
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostMeter
@@ -93,14 +94,13 @@ def test_an_instance_too_small_for_one_engine_is_never_rented():
 @pytest.mark.parametrize("migration", ["token", "recompute"])
 def test_every_sample_finishes_exactly_once_and_tokens_are_conserved(monkeypatch, migration):
     finishes: Counter = Counter()
-    original = ClusterRun._finish
+    original = StepState._finish
 
-    def spy(self, engine, keys):
-        for i in keys:
-            finishes[(self.k, i)] += 1
-        return original(self, engine, keys)
+    def spy(self, track, worker, reason):
+        finishes[(self.version, track.uid)] += 1
+        return original(self, track, worker, reason)
 
-    monkeypatch.setattr(ClusterRun, "_finish", spy)
+    monkeypatch.setattr(StepState, "_finish", spy)
     cfg = SimConfig(segment="B", migration=migration, duration_s=3000)  # B loses instances at 2280-2760 s
     r = simulate(cfg)
     assert r.preemptions > 0 and sum(s.in_flight_at_preemption for s in r.steps) > 0

@@ -67,6 +67,13 @@ class Balancer:
         plateau = plateaus.get(name)
         return self.default_plateau if plateau is None else plateau
 
+    @staticmethod
+    def could_move(loads: Iterable[WorkerLoad]) -> bool:
+        """False only when no move is possible whatever the plateaus, in O(workers) and without them:
+        phase 1 needs a pending sample somewhere, phase 2 an idle worker. Reads only `running` and
+        `pending`, so the manager can ask before building the loads."""
+        return any(load.pending or not load.running for load in loads)
+
     def may_move(self, loads: Sequence[WorkerLoad], plateaus: Mapping[str, int | None]) -> bool:
         """False only when `rebalance` is certain to return no move, in O(workers): lets a caller that
         asks after every event skip the full computation."""

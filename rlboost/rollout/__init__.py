@@ -1,9 +1,28 @@
-"""Rollout: samples and groups, the backend protocol the training loop uses, and the colocated
-(veRL-style) backend. The hybrid backend lives in `rlboost.hybrid`."""
+"""Rollout: samples and groups, the step's decisions (`step_state`, pure, shared by the runtime's
+manager and the simulator), the backend protocol the training loop uses and the colocated (veRL-style)
+backend. The hybrid backend lives in `rlboost.hybrid`.
 
-from rlboost.rollout.colocated import ColocatedRollout, RolloutBackend, new_groups, run_colocated, sample_seed
-from rlboost.rollout.config import RolloutConfig
-from rlboost.rollout.sample import Group, Sample
+Names are imported on first use (PEP 562): `rlboost.rollout.step_state` and `sample` are torch-free,
+and the simulator imports them without loading the colocated backend's engine (torch)."""
 
-__all__ = ["ColocatedRollout", "Group", "RolloutBackend", "Sample", "RolloutConfig", "new_groups", "run_colocated",
-           "sample_seed"]
+from importlib import import_module
+
+_WHERE = {
+    "ColocatedRollout": "colocated", "RolloutBackend": "colocated", "new_groups": "colocated",
+    "run_colocated": "colocated", "sample_seed": "colocated",
+    "Group": "sample", "Sample": "sample",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'rlboost.rollout' has no attribute {name!r}")
+    value = getattr(import_module(f"rlboost.rollout.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -25,7 +25,11 @@ def dispatch_order(pipe: HistoPipe, groups: list[Group], step: int) -> list[str]
 def overrun_check(pipe: HistoPipe, groups: list[Group]) -> Callable[[dict[str, int]], list[str]]:
     """uid -> tokens so far  =>  the uids far past their prompt's history, most overrun first."""
     group_keys = _keys(groups)
-    keys = {s.uid: group_keys[g.index] for g in groups for s in g.samples}
+    return overruns_of(pipe, {s.uid: group_keys[g.index] for g in groups for s in g.samples})
+
+
+def overruns_of(pipe: HistoPipe, keys: dict[str, str]) -> Callable[[dict[str, int]], list[str]]:
+    """`overrun_check` for samples known by their prompt's key (uid -> key): the StepState's `overruns`."""
     return lambda progress: pipe.flag_overruns({uid: (keys[uid], n) for uid, n in progress.items()})
 
 

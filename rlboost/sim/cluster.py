@@ -2,20 +2,29 @@
 trainer, preemptible instances from a trace, and the rollout manager's decisions.
 
 Contract: `ClusterRun(...).run()` plays whole training steps, one after the other, until a step
-would start at or after `duration_s`, and returns one `StepRecord` per step. Every decision is
-taken by the project's real policy objects, never by a copy: `JSQDispatcher` (dispatch, cap Θ),
-`Balancer` with one `ThroughputProfile` per engine (its plateau B), `OffloadController` (T_seed,
-memory M[n], the instance cap), `HistoPipe` (dispatch order), `TraceReplay` (which instances start,
-get warned, killed, released) and `CostMeter` (dollars). Time is continuous and jumps from event to
-event; every engine's decode is `EngineState` (rlboost.sim.profile), the same code as the calibrated
-`engine_rollout`, so nothing is simulated token by token. Pure: no clock, no Ray, no torch; the only
-randomness is the trace replay's seeded choice of victims.
+would start at or after `duration_s`, and returns one `StepRecord` per step. Every decision of a
+step is taken by the runtime's own `StepState` (rlboost.rollout.step_state): the seeding hand-off,
+the colocated fallback, dispatch (`JSQDispatcher`), balancing (`Balancer` with one `ThroughputProfile`
+per engine), which samples move, migration and waste, group completion. This module is its shell,
+as the Ray manager is the runtime's: it turns engine completions, trace events and weight pulls into
+StepState events at their simulated times, and carries out the commands that come back (a submit or
+an abort acts on the engine's `EngineState`, rlboost.sim.batching, at once). Around the step it plays
+the policies that act between steps: `OffloadController` (T_seed, memory M[n], the instance cap),
+`HistoPipe` (dispatch order, overruns), `TraceReplay` (which instances start, get warned, killed,
+released) and `CostMeter` (dollars). Time is continuous and jumps from event to event; nothing is
+simulated token by token. Pure: no clock, no Ray, no torch; the only randomness is the trace
+replay's seeded choice of victims.
+
+Streaming, as the simulator sees it: an engine's tokens reach the manager in chunks of
+`stream_interval`. Nothing depends on the chunks in between, so a sample's tokens are reported when
+it finishes, or when its engine is hard-killed: then the complete chunks of its attempt, and the
+rest dies with the instance (the waste).
 
 Two layouts share the loop:
 - `colocated=True` (RLBoost): the reserved GPUs run rollout engines for the seeding window, hand
   their partial samples to the instances, then train on finished groups as they stream in.
 - `colocated=False` (Disagg, StreamRL-style): some reserved GPUs only generate, the others only
-  train, both for the whole step; no instances.
+  train, both for the whole step; no instances (the step has no seeding window).
 The modelling assumptions are listed in docs/simulator.md, "Simulation model".
 """
 
@@ -24,17 +33,20 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
-from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlboost.policies.balance import Balancer
-from rlboost.policies.dispatch import JSQDispatcher, WorkerLoad
+from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController, StepTimings
 from rlboost.policies.profile import ThroughputProfile
-from rlboost.sim.profile import EngineProfile, EngineState, TrainProfile
+from rlboost.rollout.scheduling import overruns_of
+from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
+                                        StepConfig, StepState, Submit)
+from rlboost.sim.batching import EngineState
+from rlboost.sim.profile import EngineProfile, TrainProfile
 from rlboost.sim.workload import Workload
 from rlboost.spot.cost import CostMeter
 from rlboost.spot.trace import SpotTrace, TraceReplay
@@ -101,40 +113,21 @@ class StepRecord:
     instance got any)."""
 
 
-class _Sample:
-    __slots__ = ("group", "length", "made", "made_at_submit", "engine", "done")
-
-    def __init__(self, group: int, length: int):
-        self.group, self.length = group, length
-        self.made = 0  # tokens the manager holds
-        self.made_at_submit = 0
-        self.engine: str | None = None
-        self.done = False
-
-
 class _Engine:
-    """One rollout engine = one worker of the dispatcher and the balancer."""
+    """One rollout engine = one worker of the step."""
 
-    __slots__ = ("name", "instance", "state", "profile", "assigned", "last_finish", "gen", "accepting",
-                 "_plateau", "_dirty")
+    __slots__ = ("name", "instance", "kind", "state", "profile", "gen", "held")
 
     def __init__(self, name: str, instance: str | None, state: EngineState, profile: ThroughputProfile):
         self.name, self.instance, self.state, self.profile = name, instance, state, profile
-        self.assigned: set[int] = set()
-        self.last_finish: float | None = None
+        self.kind = RESERVED if instance is None else PREEMPTIBLE
         self.gen = 0  # bumped on every reschedule; older heap entries are stale
-        self.accepting = False  # reserved engines only: in the dispatch right now
-        self._plateau: int | None = None
-        self._dirty = False
-
-    def plateau(self) -> int | None:
-        if self._dirty:
-            self._plateau, self._dirty = self.profile.plateau(), False
-        return self._plateau
+        self.held: dict[str, int] = {}
+        """Request id -> response tokens its sample held when submitted here."""
 
 
 class _Instance:
-    __slots__ = ("name", "engines", "booted", "version", "doomed")
+    __slots__ = ("name", "engines", "booted", "version", "doomed", "pull_started")
 
     def __init__(self, name: str):
         self.name = name
@@ -142,6 +135,7 @@ class _Instance:
         self.booted = False
         self.version: int | None = None  # the weights it serves; None while booting or pulling
         self.doomed = False
+        self.pull_started = 0.0
 
 
 class ClusterRun:
@@ -163,6 +157,7 @@ class ClusterRun:
         self.max_running = engine.cfg.max_num_seqs
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
+        self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
         self.pull_s = train.weight_sync_s(engine.cfg.spot_gbps)
         self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps)
@@ -175,14 +170,13 @@ class ClusterRun:
         self._heap: list[tuple[float, int, int, object, object]] = []
         self._seq = 0
         self.engines: dict[str, _Engine] = {}
-        self.reserved: list[_Engine] = []
-        for j in range(rollout_gpus // engine.tp):
-            e = self._new_engine(f"r{j}", None)
-            self.reserved.append(e)
+        self.reserved = [self._new_engine(f"r{j}", None) for j in range(rollout_gpus // engine.tp)]
         self.instances: dict[str, _Instance] = {}
         self._launched = 0
         self.published = 0  # the newest weight version; step k runs version k
         self.cap: int | None = None
+        self._due: list[tuple[_Engine, str]] = []
+        """(engine, request id) of samples an engine finished, not yet reported to the step."""
 
         # run totals
         self.tokens_generated = 0
@@ -195,14 +189,9 @@ class ClusterRun:
         self._inst_t = 0.0
         self.done = False
 
-        # the current step (set by _start)
         self.k = -1
+        self.step: StepState | None = None
         self.active = False  # the step's rollout is under way
-        self.seeding = False
-        self.samples: list[_Sample] = []
-        self.pending: deque[int] = deque()
-        self.st_preemptions = self.st_wasted = self.st_recomputed = self.st_in_flight = 0
-        self.st_migrated: Counter[str] = Counter()
 
         if self.replay is not None:
             # The replay looks ahead `notice_s` from each call, so it is asked at every change of the
@@ -224,7 +213,7 @@ class ClusterRun:
             if not heap:
                 raise RuntimeError(f"simulation stalled at t={self.now:.3f}s in step {self.k}: no event left")
             self.now = t = heap[0][0]
-            # Everything that happens at this instant first, then the manager's decisions: e.g. all
+            # Everything that happens at this instant first, then the step's decisions: e.g. all
             # instances whose pulls complete together join before the seeding hand-off is dealt out.
             while heap and heap[0][0] == t and not self.done:
                 _, _, kind, a, b = heapq.heappop(heap)
@@ -241,30 +230,54 @@ class ClusterRun:
         if kind == _ENGINE:
             e = self.engines.get(a)
             if e is not None and e.gen == b:
-                self._finish(e, e.state.advance_to(self.now))
+                self._sync(e)
                 self._reschedule(e)
         elif kind == _TRACE:
             self._replay_step()
         elif kind == _BOOTED:
-            inst = self.instances.get(a)
-            if inst is not None:
-                inst.booted = True
-                self._push(self.now + self.pull_s, _PULLED, a, self.published)
+            self._booted(a)
         elif kind == _PULLED:
             self._pulled(a, b)
         elif kind == _WINDOW:
-            pass  # _settle hands off if the window of the current step is over
+            pass  # _settle asks the step, whose window may be over
         elif kind == _TRAINED:
             self._trained(a)
         elif kind == _START:
             self._start(a)
 
+    def _settle(self) -> None:
+        """After every instant with events: the step's decisions and their commands, until none is
+        left, then the trainer takes the next group."""
+        step = self.step
+        if step is not None:
+            while True:
+                self._report_finished()
+                commands = step.decide(self.now)
+                if not commands:
+                    break
+                self._execute(commands)
+            if self.active and step.done:
+                self._rollout_done()
+        self._train_next()
+
+    def _execute(self, commands) -> None:
+        for command in commands:
+            if isinstance(command, Submit):
+                self._submit(self.engines[command.worker], command)
+            elif isinstance(command, Abort):
+                self._abort(self.engines[command.worker], command)
+            elif isinstance(command, GroupDone):
+                self.ready.append(command.group)
+            elif isinstance(command, ReleaseReserved):
+                self._release_trainer()
+            elif isinstance(command, Retire):
+                pass  # the instance's end is carried out where it was decided (_end_instance)
+
     # ---- engines -----------------------------------------------------------------------------------
 
     def _new_engine(self, name: str, instance: str | None) -> _Engine:
-        profile = ThroughputProfile()
         state = EngineState(self.profile, self.prompt_len, start_s=self.now)
-        e = _Engine(name, instance, state, profile)
+        e = _Engine(name, instance, state, ThroughputProfile())
         state.on_decode = self._decode_observer(e)
         self.engines[name] = e
         return e
@@ -275,7 +288,6 @@ class ClusterRun:
         def on_decode(batch: int, steps: int, seconds: float) -> None:
             self.tokens_generated += batch * steps
             observe(batch, batch * steps / seconds)
-            e._dirty = True
 
         return on_decode
 
@@ -286,85 +298,43 @@ class ClusterRun:
             self._push(t, _ENGINE, e.name, e.gen)
 
     def _sync(self, e: _Engine) -> None:
-        """Bring an engine to now (completions due exactly now are handled)."""
-        self._finish(e, e.state.advance_to(self.now))
+        """Bring an engine to now; what it finished is reported to the step by `_report_finished`."""
+        for request_id in e.state.advance_to(self.now):
+            self._due.append((e, request_id))
 
-    def _eligible(self) -> list[_Engine]:
-        """The engines that may take work now: accepting reserved ones, and engines of instances
-        that serve the step's weights and have no notice."""
-        if not self.active:
-            return []
-        k = self.k
-        out = [e for e in self.reserved if e.accepting]
-        for inst in self.instances.values():
-            if inst.version == k and not inst.doomed:
-                out.extend(inst.engines)
-        return out
+    def _report_finished(self) -> None:
+        due, self._due = self._due, []
+        step = self.step
+        for e, request_id in due:
+            held = e.held.pop(request_id)
+            uid = request_id.rpartition("#")[0]
+            step.chunk(e.name, request_id, 0, self.lengths[uid] - held, self.k, True, self.now, "stop")
 
-    def _incoming(self) -> list[WorkerLoad]:
-        """Engines seconds from serving the step: of booted instances pulling its weights, no notice."""
-        if not self.cfg.share_with_pulling:
-            return []
-        m = self.max_running
-        return [WorkerLoad(f"{inst.name}/e{j}", 0, 0, m) for inst in self.instances.values()
-                if inst.booted and inst.version is None and not inst.doomed and self.published == self.k
-                for j in range(self.engines_per_instance)]
+    def _progress(self, name: str) -> Mapping[str, int]:
+        """The step's `progress`: tokens each request on engine `name` made in its current attempt."""
+        e = self.engines.get(name)
+        if e is None:
+            return {}
+        self._sync(e)
+        held = e.held
+        return {rid: made - held[rid] for rid, made in e.state.progress().items()}
 
-    def _loads(self, engines: list[_Engine]) -> list[WorkerLoad]:
-        m = self.max_running
-        return [WorkerLoad(e.name, min(len(e.assigned), m), max(len(e.assigned) - m, 0), m) for e in engines]
-
-    # ---- samples -----------------------------------------------------------------------------------
-
-    def _submit(self, e: _Engine, idxs: list[int]) -> None:
+    def _submit(self, e: _Engine, command: Submit) -> None:
         self._sync(e)
         items = []
-        for i in idxs:
-            s = self.samples[i]
-            s.engine, s.made_at_submit = e.name, s.made
-            e.assigned.add(i)
-            items.append((i, s.length, s.made))
-        e.last_finish = None
-        if e.instance is not None and self.remote_start is None:
-            self.remote_start = self.now
+        for r in command.requests:
+            e.held[r.request_id] = r.held
+            items.append((r.request_id, self.lengths[r.uid], r.held))
         e.state.submit(items, self.now)
         self._reschedule(e)
 
-    def _take_back(self, e: _Engine, idxs: list[int], reason: str, target: _Engine | None = None) -> None:
-        """Abort samples on a live engine: their exact partial output comes back (a seed hand-off, a
-        rebalance, a notice, a release). They go to `target`, or to the front of the pending queue."""
+    def _abort(self, e: _Engine, command: Abort) -> None:
+        """An abort answers at once with the exact tokens of the complete decode steps."""
         self._sync(e)
-        idxs = [i for i in idxs if i in e.assigned]
-        if not idxs:
-            return
-        made = e.state.abort(idxs, self.now)
-        for i in idxs:
-            s = self.samples[i]
-            s.made, s.engine = made[i], None
-            e.assigned.discard(i)
-        self.st_migrated[reason] += len(idxs)
+        made = e.state.abort(command.request_ids, self.now)
+        partials = {rid: Partial(n - e.held.pop(rid), self.k) for rid, n in made.items()}
         self._reschedule(e)
-        if target is not None:
-            self._submit(target, idxs)
-        else:
-            for i in idxs:
-                self.pending.appendleft(i)
-
-    def _finish(self, e: _Engine, keys: list) -> None:
-        for i in keys:
-            s = self.samples[i]
-            if s.done or s.engine != e.name:
-                raise RuntimeError(f"step {self.k}: sample {i} finished twice or on an engine not holding it")
-            s.done, s.made, s.engine = True, s.length, None
-            e.assigned.discard(i)
-            if not e.assigned:
-                e.last_finish = self.now
-            self.groups_left[s.group] -= 1
-            if self.groups_left[s.group] == 0:
-                self.ready.append(s.group)
-            self.finished += 1
-        if keys and self.finished == len(self.samples):
-            self._rollout_done()
+        self.step.aborted(command.id, partials, self.now)
 
     # ---- the step ----------------------------------------------------------------------------------
 
@@ -378,132 +348,61 @@ class ClusterRun:
         self.step_start = self.now
         self.step_tokens0 = self.tokens_generated
         self.step_inst_s0 = self._instance_seconds()
-        self.st_preemptions = self.st_wasted = self.st_recomputed = self.st_in_flight = 0
-        self.st_migrated: Counter[str] = Counter()
+        self.st_preemptions = 0
         self._replay_step()
         self.instances_start = len(self.instances)
         ids = self.work.prompt_ids(k)
-        lengths = self.work.step(k)
+        self.group_lengths = self.work.step(k)
         n = self.work.cfg.samples_per_prompt
-        self.samples = [_Sample(g, length) for g, group in enumerate(lengths) for length in group]
-        self.groups_left = [n] * len(lengths)
-        self.group_lengths = lengths
+        # uids sort as the sample indices do (a step has fewer than a million samples)
+        uids = [[f"{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(self.group_lengths)]
+        self.lengths = {uid: length for g, group in enumerate(self.group_lengths)
+                        for uid, length in zip(uids[g], group)}
         self.ready: deque[int] = deque()
-        self.finished = 0
         self.trained_groups = 0
         self.training: int | None = None
         self.train_compute = 0.0
         self.wait_train = 0.0
         self.idle_since: float | None = None
         self.released = False
-        self.handoff_s: float | None = None  # when the seeding window handed off (None: no hand-off)
-        self.remote_start: float | None = None  # when an instance first got work (None: none did)
-        self.fallback = False
         self.rollout_end: float | None = None
-        self.reserved_rollout_s = 0.0
-        self.last_finishes: list[float] = []
         self.active = True
         if self.controller is not None:
             self.seed_s = self.controller.seed_for(self.instances_start)
         else:
             self.seed_s = self.fixed_seed_s
+        keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
+        infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
+        histopipe = self.histopipe
+        overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
+        self.step = step = StepState(
+            [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
+            seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
+            balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
+            progress=self._progress, longest_pull_s=self.pull_s)
         for e in self.reserved:
-            e.accepting = True
-        if self.colocated:
-            self.seeding = True
-            self.deadline = self.now + self.seed_s
-            if self.seed_s > 0:
-                self._push(self.deadline, _WINDOW, k, None)
-        else:  # disaggregated: the trainer has GPUs of its own from the start
-            self.seeding = False
-            self.deadline = self.now
-            self._release_trainer()
-        infos = [SampleInfo(str(i), str(ids[s.group]), s.group) for i, s in enumerate(self.samples)]
-        order = self.histopipe.order(k, infos)
-        self.pending: deque[int] = deque(int(uid) for uid in order)
+            step.join(e.name, RESERVED, self.max_running, e.profile, serving=True)
+        for inst in self.instances.values():
+            if inst.booted:
+                self._join(inst)
+        deadline = step.next_deadline()
+        if deadline is not None and deadline > self.now:
+            self._push(deadline, _WINDOW, k, None)
 
-    def _settle(self) -> None:
-        """The manager's loop body, run after every instant with events: hand-off, capacity, dispatch,
-        balancing, and the trainer taking the next group."""
-        if self.active:
-            if self.seeding and self.now >= self.deadline and any(
-                    inst.version == self.k and not inst.doomed for inst in self.instances.values()):
-                self._handoff()
-            eligible = self._eligible()
-            if self.pending and not eligible and not self.seeding:
-                # Every instance is gone: the reserved engines take the work back (colocated fallback).
-                self.fallback = True
-                for e in self.reserved:
-                    e.accepting = True
-                eligible = self._eligible()
-            if self.pending and eligible:
-                self._dispatch(eligible)
-            if not self.pending and len(eligible) > 1:
-                self._rebalance(eligible)
-        self._train_next()
-
-    def _dispatch(self, eligible: list[_Engine]) -> None:
-        uids = [str(i) for i in self.pending]
-        decisions = self.dispatcher.assign(uids, self._loads(eligible), self._incoming())
-        if not decisions:
-            return
-        by_engine: dict[str, list[int]] = {}
-        for uid, name in decisions.items():
-            by_engine.setdefault(name, []).append(int(uid))
-        self.pending = deque(i for i in self.pending if str(i) not in decisions)
-        for name, idxs in by_engine.items():
-            self._submit(self.engines[name], idxs)
-
-    def _rebalance(self, eligible: list[_Engine]) -> None:
-        # The Balancer decides; this only skips calls that cannot produce a move (a pending move
-        # needs a worker with pending samples, an executing move an idle worker and a donor beyond
-        # its plateau), so that it is not asked after every completion of a long step.
-        m = self.max_running
-        idle = over = False
-        for e in eligible:
-            n = len(e.assigned)
-            if n > m:
-                over = True
-                break
-            idle = idle or n == 0
-        if not over:
-            if not idle:
-                return
-            if not any(e.assigned and (p := e.plateau()) is not None and min(len(e.assigned), m) > p
-                       for e in eligible):
-                return
-        plateaus = {e.name: e.plateau() for e in eligible}
-        for move in self.balancer.rebalance(self._loads(eligible), plateaus):
-            source, target = self.engines[move.source], self.engines[move.target]
-            self._sync(source)
-            progress = source.state.progress()
-            # the cheapest to move are those with the fewest tokens (least to re-prefill), as the runtime does
-            chosen = sorted(source.assigned, key=lambda i: (progress.get(i, 0), i))[:move.count]
-            self._take_back(source, chosen, "rebalanced", target=target)
-
-    def _handoff(self) -> None:
-        """End of the seeding window: the reserved engines' samples continue on the instances."""
-        for e in self.reserved:
-            if e.assigned:
-                self._take_back(e, sorted(e.assigned), "seed_handoff")
-            e.accepting = False
-        self.seeding = False
-        self.handoff_s = self.now
-        self.reserved_rollout_s = self.now - self.step_start
-        self._release_trainer()
+    def _join(self, inst: _Instance) -> None:
+        """The instance's engines take part in the step: serving it, or pulling its weights."""
+        step = self.step
+        serving = inst.version == self.k
+        pulling = inst.version is None and self.published == self.k
+        for e in inst.engines:
+            step.join(e.name, PREEMPTIBLE, self.max_running, e.profile, serving=serving,
+                      pulling_since=inst.pull_started if pulling else None)
+            if inst.doomed:
+                step.notice(e.name, self.now)
 
     def _rollout_done(self) -> None:
         self.rollout_end = self.now
         self.active = False
-        if self.seeding:  # no hand-off happened: the reserved engines generated it all
-            self.seeding = False
-            self.reserved_rollout_s = self.now - self.step_start
-        elif self.fallback:
-            self.reserved_rollout_s = self.now - self.step_start
-        for e in self.reserved:
-            e.accepting = False
-        self.last_finishes = [e.last_finish if e.last_finish is not None else self.now
-                              for inst in self.instances.values() if inst.booted for e in inst.engines]
         if not self.released:
             self._release_trainer()
 
@@ -516,7 +415,8 @@ class ClusterRun:
     def _train_next(self) -> None:
         if not self.released or self.training is not None or not self.ready:
             return
-        if self.fallback and any(e.assigned for e in self.reserved):
+        step = self.step
+        if step.stats.fallback and any(step.holding(e.name) for e in self.reserved):
             return  # the reserved GPUs are generating again
         g = self.ready.popleft()
         if self.idle_since is not None:
@@ -536,22 +436,14 @@ class ClusterRun:
         if self.trained_groups < len(self.group_lengths):
             self.idle_since = self.now
             return
-        self.train_end = self.now
-        # The paper's timings, as its artifact measures them (docs/simulator.md, "The hybrid step"):
-        # t_wait_remote is how long the step went on after its last response (the instances' idle
-        # time until the step ends), and t_remote how long the instances generated: from the first
-        # work one got (the step's start when they share its first dispatch) to the last response.
-        wait_remote = self.now - self.rollout_end if self.last_finishes else 0.0
-        remote_s = self.rollout_end - self.remote_start if self.remote_start is not None else 0.0
-        self.wait_remote = wait_remote
-        self.remote_s = remote_s
+        self.remote_s, self.wait_remote = self.step.remote_timings(self.now)
         self.instances_end = len(self.instances)
         if self.controller is not None:
             stable = self.instances_end == self.instances_start and self.st_preemptions == 0
             self.controller.update(StepTimings(
                 instances=self.instances_start, stable=stable, wait_train_s=self.wait_train,
-                wait_remote_s=wait_remote, remote_s=remote_s, train_s=self.train_compute,
-                tokens_per_s=sum(s.length for s in self.samples) / (self.now - self.step_start)))
+                wait_remote_s=self.wait_remote, remote_s=self.remote_s, train_s=self.train_compute,
+                tokens_per_s=sum(self.lengths.values()) / (self.now - self.step_start)))
             self.cap = self.controller.instance_cap()
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
@@ -560,24 +452,35 @@ class ClusterRun:
         for inst in self.instances.values():
             if inst.version is not None:
                 inst.version = None
+                inst.pull_started = self.now
                 self._push(self.now + self.pull_s, _PULLED, inst.name, self.published)
         self._push(self.now + self.sync_s, _START, self.k + 1, None)
 
     def _close_step(self) -> None:
+        step = self.step
+        stats = step.stats
+        if stats.stale_chunks:
+            raise RuntimeError(f"step {self.k}: {stats.stale_chunks} chunks of attempts already taken back: the "
+                               "simulator's engines and the step disagree")
         wall = self.now - self.step_start
         inst_s = self._instance_seconds() - self.step_inst_s0
-        tokens = sum(s.length for s in self.samples)
+        tokens = sum(self.lengths.values())
         usd = self.meter.charge_step(wall, inst_s, tokens)["cost/usd"]
+        rollout_s = self.rollout_end - self.step_start
+        if not self.colocated or stats.fallback:
+            reserved_rollout_s = rollout_s  # the reserved engines generated to the end
+        else:
+            reserved_rollout_s = stats.seed_s
         self.records.append(StepRecord(
-            step=self.k, start_s=self.step_start, end_s=self.now, rollout_s=self.rollout_end - self.step_start,
+            step=self.k, start_s=self.step_start, end_s=self.now, rollout_s=rollout_s,
             train_s=self.train_compute, seed_s=self.seed_s if self.colocated else 0.0,
-            reserved_rollout_s=self.reserved_rollout_s if self.colocated else self.rollout_end - self.step_start,
-            tokens_generated=self.tokens_generated - self.step_tokens0, tokens_trained=tokens,
-            instances_start=self.instances_start, instances_end=self.instances_end,
-            preemptions=self.st_preemptions, migrations=sum(self.st_migrated.values()), wasted_tokens=self.st_wasted,
-            recomputed_tokens=self.st_recomputed, wait_train_s=self.wait_train, wait_remote_s=self.wait_remote,
-            usd=usd, cap=self.cap, instance_s=inst_s, migrated=dict(self.st_migrated),
-            in_flight_at_preemption=self.st_in_flight, remote_s=self.remote_s))
+            reserved_rollout_s=reserved_rollout_s, tokens_generated=self.tokens_generated - self.step_tokens0,
+            tokens_trained=tokens, instances_start=self.instances_start, instances_end=self.instances_end,
+            preemptions=self.st_preemptions, migrations=sum(stats.migrated.values()),
+            wasted_tokens=stats.wasted_tokens, recomputed_tokens=stats.recomputed_tokens,
+            wait_train_s=self.wait_train, wait_remote_s=self.wait_remote, usd=usd, cap=self.cap, instance_s=inst_s,
+            migrated=dict(stats.migrated), in_flight_at_preemption=stats.in_flight_at_preemption,
+            remote_s=self.remote_s))
 
     def _finish_run(self) -> None:
         for name in list(self.instances):
@@ -617,60 +520,75 @@ class ClusterRun:
             self._count_live(+1)
             self._push(self.now + self.cfg.instance_startup_s, _BOOTED, name, None)
 
+    def _in_step(self) -> bool:
+        return self.step is not None and self.active
+
+    def _booted(self, name: str) -> None:
+        """The instance's engines are up: they pull the newest weights, then serve."""
+        inst = self.instances.get(name)
+        if inst is None:
+            return
+        inst.booted = True
+        inst.engines = [self._new_engine(f"{name}/e{j}", name) for j in range(self.engines_per_instance)]
+        inst.pull_started = self.now
+        self._push(self.now + self.pull_s, _PULLED, name, self.published)
+        if self._in_step():
+            self._join(inst)
+
     def _pulled(self, name: str, version: int) -> None:
         inst = self.instances.get(name)
         if inst is None:
             return
         if version != self.published:  # a newer version came out during the pull: pull that one
+            inst.pull_started = self.now
             self._push(self.now + self.pull_s, _PULLED, name, self.published)
             return
         inst.version = version
-        if not inst.engines:
-            inst.engines = [self._new_engine(f"{name}/e{j}", name) for j in range(self.engines_per_instance)]
+        if self._in_step() and version == self.k:
+            for e in inst.engines:
+                self.step.ready(e.name, self.now, self.pull_s)
 
     def _doom(self, name: str) -> None:
-        """A preemption notice: stop sending it work and take its samples back now (exact partial
-        outputs), so the kill that follows wastes nothing."""
+        """A preemption notice: the instance gets no more work, and its samples are taken back now
+        (exact partial outputs), so the kill that follows wastes nothing."""
         inst = self.instances[name]
         inst.doomed = True
-        for e in inst.engines:
-            if e.assigned:
-                self._take_back(e, sorted(e.assigned), "noticed")
+        if self._in_step():
+            for e in inst.engines:
+                self.step.notice(e.name, self.now)
 
     def _end_instance(self, name: str, preempted: bool) -> None:
-        """A hard kill (preempted) or a graceful end (a release, the end of the run)."""
+        """A hard kill (preempted) or a graceful end (a release beyond the cap, the end of the run)."""
         inst = self.instances.pop(name)
         self._count_live(-1)
         if preempted:
             self.total_preemptions += 1
             self.st_preemptions += 1
+        step = self.step
         for e in inst.engines:
-            if e.assigned:
-                if not preempted:
-                    self._take_back(e, sorted(e.assigned), "released")
+            if step is not None and e.name in step.workers:
+                self._sync(e)
+                self._report_finished()
+                if preempted:
+                    self._kill(e)
                 else:
-                    self._sync(e)
-                    progress = e.state.progress()
-                    for i in sorted(e.assigned):
-                        s = self.samples[i]
-                        made = progress[i]
-                        # Tokens reach the manager in chunks of stream_interval; the last partial
-                        # chunk of this attempt dies with the instance.
-                        waste = (made - s.made_at_submit) % self.cfg.stream_interval
-                        streamed = made - waste
-                        self.st_wasted += waste
-                        if self.cfg.migration == "recompute":
-                            self.st_recomputed += streamed
-                            s.made = 0
-                        else:
-                            s.made = streamed
-                        s.engine = None
-                        self.pending.appendleft(i)
-                    self.st_migrated["preempted"] += len(e.assigned)
-                    self.st_in_flight += len(e.assigned)
-                    e.assigned.clear()
+                    # given back: its samples come back exactly (an abort), then it ends
+                    step.retire(e.name, self.now)
+                    self._execute(step.take_commands())
+                    self._execute(step.take_commands())
+                    step.dead(e.name, "released", self.now, released=True)
             e.gen += 1  # its scheduled events are void
             del self.engines[e.name]
+
+    def _kill(self, e: _Engine) -> None:
+        """A hard kill: the complete chunks of each attempt reached the manager; the rest is lost."""
+        step, interval = self.step, self.cfg.stream_interval
+        for request_id, made in e.state.progress().items():
+            attempt = made - e.held[request_id]
+            streamed = attempt - attempt % interval
+            if streamed:
+                step.chunk(e.name, request_id, 0, streamed, self.k, False, self.now)
+        step.dead(e.name, "preempted by the trace", self.now)
 
 
 __all__ = ["ClusterRun", "StepRecord"]

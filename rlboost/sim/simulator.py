@@ -32,7 +32,9 @@ from dataclasses import dataclass, field, replace
 
 from rlboost.policies.offload import OffloadConfig, OffloadController
 from rlboost.sim.cluster import ClusterRun, StepRecord
-from rlboost.sim.profile import MODELS, ProfileConfig, colocated_step, make_profiles
+from rlboost.sim.baselines import colocated_step
+from rlboost.sim.profile import ProfileConfig, make_profiles
+from rlboost.sim.specs import MODELS
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostConfig, CostMeter
 from rlboost.spot.trace import SEGMENTS, SpotTrace, TraceConfig, load_trace
@@ -60,7 +62,7 @@ class SimConfig:
     """One simulated run: a model, a policy, a trace segment and the cluster around them."""
 
     model: str = "qwen3-8b"
-    """A model of rlboost.sim.profile.MODELS: qwen3-8b, qwen3-14b or qwen3-32b."""
+    """A model of rlboost.sim.specs.MODELS: qwen3-8b, qwen3-14b or qwen3-32b."""
     policy: str = "rlboost"
     """verl | verl2x | disagg | rlboost | rlboost-noseed | rlboost-nomemory (module docstring)."""
     segment: str = "A"

@@ -1,0 +1,232 @@
+"""What the step's state machine (`rlboost.rollout.step_state`) reads and writes: its config, its records
+of workers and samples, its statistics, and the commands it issues. Plain data, torch-free and Ray-free:
+both shells (the runtime's manager, the simulator) build and read these types."""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rlboost.policies.profile import ThroughputProfile
+
+RESERVED, PREEMPTIBLE = "reserved", "preemptible"
+MIGRATIONS = ("token", "recompute")
+
+
+class StepError(RuntimeError):
+    """The step cannot go on: an invariant was broken, or no worker is left to finish it."""
+
+
+class SampleState(enum.Enum):
+    PENDING = "pending"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class WorkerStatus(enum.Enum):
+    """A worker's standing in the step. Only SERVING workers take work (reserved ones while they
+    accept it: before the seeding hand-off, or after a fallback)."""
+
+    PULLING = "pulling"
+    """Not at the step's weight version yet."""
+    SERVING = "serving"
+    """Holds the step's version."""
+    DRAINING = "draining"
+    """Noticed, or being retired: no more work; what it holds is being taken back."""
+    DEAD = "dead"
+    """Declared dead (fenced): whatever it still sends is dropped."""
+
+
+@dataclass
+class StepConfig:
+    """How the step decides (the runtime's `rollout.hybrid.*`, the simulator's `simulate.*`)."""
+
+    share_with_pulling: bool = True
+    """Preemptible workers pulling the step's weights get their share of its dispatch, held back
+    until they serve (JSQDispatcher's `incoming`), for at most `share_grace_s` or twice the longest
+    pull seen, whichever is longer: a pull that hangs gives its share back."""
+    share_grace_s: float = 1.0
+    """The shortest time a pulling worker keeps its share."""
+    migration: str = "token"
+    """What survives a death: `token` (every streamed token; the sample continues elsewhere) or
+    `recompute` (the sample restarts from nothing: the baseline the paper compares with)."""
+
+    def validate(self) -> None:
+        if self.migration not in MIGRATIONS:
+            raise ValueError(f"migration={self.migration!r}; valid: {', '.join(MIGRATIONS)}")
+        if self.share_grace_s < 0:
+            raise ValueError(f"share_grace_s must be >= 0, got {self.share_grace_s}")
+
+
+# ---- commands ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    uid: str
+    request_id: str
+    """`uid#attempt`: what the worker calls it; anything about an older attempt is stale."""
+    held: int
+    """Response tokens the sample holds: the request is prompt + these, with max_tokens reduced by them."""
+
+
+@dataclass(frozen=True)
+class Submit:
+    worker: str
+    requests: list[Request]
+
+
+@dataclass(frozen=True)
+class Abort:
+    """Take `request_ids` back from `worker`; answer with `StepState.aborted(id, partials)`."""
+
+    id: int
+    worker: str
+    request_ids: list[str]
+    reason: str
+    then_sleep: bool = False
+    """The seeding hand-off: the reserved worker frees its memory for training once idle."""
+
+
+@dataclass(frozen=True)
+class Retire:
+    """A worker given back holds nothing any more: end it (then report it `dead(..., released=True)`)."""
+
+    worker: str
+
+
+@dataclass(frozen=True)
+class ReleaseReserved:
+    """The reserved resources are the trainer's from now: the seeding window handed off (or there was
+    none, or the rollout ended without a hand-off)."""
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    """Every sample of group `group` finished: hand it to the trainer."""
+
+    group: int
+
+
+Command = Submit | Abort | Retire | ReleaseReserved | GroupDone
+
+
+@dataclass(frozen=True)
+class Partial:
+    """What an aborted attempt generated, streamed or not (the engine's PartialOutput, or a count)."""
+
+    count: int
+    version: int
+    token_ids: Sequence[int] | None = None
+    logprobs: Sequence[float] | None = None
+
+
+# ---- state --------------------------------------------------------------------------------------------
+
+@dataclass
+class Worker:
+    """The step's view of one worker."""
+
+    name: str
+    kind: str
+    max_running: int
+    profile: ThroughputProfile
+    """Its decode throughput by batch size (kept by the shell across steps; the balancer reads B)."""
+    status: WorkerStatus = WorkerStatus.SERVING
+    accepting: bool = True
+    """Reserved workers: False from the seeding hand-off until a fallback."""
+    pull_since: float | None = None
+    """When it started pulling the step's version (PULLING workers; None: not pulling it)."""
+    retiring: bool = False
+    retired: bool = False
+    assigned: set[str] = field(default_factory=set)
+    """Uids of the samples it runs or queues."""
+    last_finish: float | None = None
+    """When it last ran out of samples."""
+    tokens: int = 0
+    """Tokens accepted from it this step."""
+
+    @property
+    def alive(self) -> bool:
+        return self.status is not WorkerStatus.DEAD
+
+    @property
+    def running(self) -> int:
+        """Samples it executes (at most its batch capacity); the rest of `assigned` queue behind them."""
+        return min(len(self.assigned), self.max_running)
+
+    @property
+    def pending(self) -> int:
+        return max(len(self.assigned) - self.max_running, 0)
+
+
+@dataclass
+class Tracked:
+    uid: str
+    group: int
+    sample: object | None
+    """The runtime's `Sample` (response_ids, logprobs, versions, finish_reason); None: counts only."""
+    state: SampleState = SampleState.PENDING
+    worker: str | None = None
+    attempt: int = 0
+    request_id: str = ""
+    base: int = 0
+    """Response tokens the sample held when its current attempt was dispatched."""
+    tokens: int = 0
+    """Response tokens it holds."""
+    migrations: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class PendingAbort:
+    worker: str
+    requests: dict[str, str]
+    """Request id -> uid."""
+    reason: str
+    target: str | None
+    """Where the samples taken back go (a rebalance); None: back to the dispatcher."""
+    sent: float
+
+
+@dataclass
+class StepStats:
+    """What happened in the step (the runtime's spot/*, migration/*, timing_s/* metrics; the
+    simulator's StepRecord)."""
+
+    deaths: list[tuple[float, str, str]] = field(default_factory=list)
+    """(seconds into the step, worker, reason) of every worker declared dead."""
+    preemptions: int = 0
+    """Preemptible workers that died (not given back)."""
+    in_flight_at_preemption: int = 0
+    migrated: Counter = field(default_factory=Counter)
+    """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released."""
+    wasted_tokens: int = 0
+    """Generated on workers that died and never received."""
+    recomputed_tokens: int = 0
+    """Received, then thrown away at a death (migration=recompute)."""
+    fenced_tokens_dropped: int = 0
+    stale_chunks: int = 0
+    overruns_moved: int = 0
+    """Executing samples moved first because they ran far past their prompt's history (HistoPipe)."""
+    received: Counter = field(default_factory=Counter)
+    """Tokens accepted per request id."""
+    tokens_by_kind: Counter = field(default_factory=Counter)
+    tokens_by_worker: Counter = field(default_factory=Counter)
+    seed_s: float = 0.0
+    """How long the reserved workers generated in the seeding window: to the hand-off, or the whole
+    rollout if none happened (0 without a window)."""
+    rollout_s: float = 0.0
+    """From the step's start to its last finished sample."""
+    remote_start_s: float | None = None
+    """From the step's start to the first work a preemptible worker got; None: none got any."""
+    tail_s: float = 0.0
+    """From the first to the last worker that generated to the end running out of samples."""
+    fallback: bool = False
+    """Every preemptible worker went away after the hand-off and the reserved ones took the work back."""
+
+
+__all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "PendingAbort",
+           "ReleaseReserved", "Request", "Retire", "SampleState", "StepConfig", "StepError", "StepStats", "Submit",
+           "Tracked", "Worker", "WorkerStatus"]

@@ -1,0 +1,547 @@
+"""One rollout step's decisions as a pure state machine (DESIGN.md 2.3). The runtime's manager
+(`rlboost.hybrid.step_run.StepRun`, over Ray) and the simulator (`rlboost.sim.cluster.ClusterRun`, over
+an event heap) are two shells around it, so the simulator plays exactly the code the runtime runs. Its
+types (config, records, statistics, commands) are `rlboost.rollout.step_data`'s, re-exported here.
+
+Contract:
+- Built from the step's samples (uid, group index, and in the runtime the `Sample` that stores the
+  tokens; the simulator keeps counts only), the weight version, the seeding window, the dispatch
+  order and the policies (`JSQDispatcher`, `Balancer`, HistoPipe's overrun check).
+- Events in, each with the shell's `now` (monotonic seconds in the runtime, simulated seconds in the
+  simulator); nothing inside reads a clock, starts a thread or touches Ray or torch:
+  `join` / `pulling` / `ready` / `notice` / `retire` / `dead` for workers, `chunk` for streamed
+  tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
+  throughput observation.
+- Commands out: `decide(now)` runs the step's decisions (end of the seeding window, capacity,
+  dispatch, balancing) and returns every command issued since the last call, in order: `Submit`,
+  `Abort`, `Retire`, `ReleaseReserved`, `GroupDone`. A shell executes them in order. An abort's answer
+  comes back through `aborted` (at once in the simulator, later in the runtime); until then its
+  samples stay where they are and may still stream or finish.
+- `progress(worker)`, given by the shell, answers how many tokens each request running on a worker
+  has generated in its current attempt, streamed or not, as far as the shell knows (the worker's
+  last report; the simulated engine's state). It picks the samples a rebalance moves and counts
+  the tokens a death wastes.
+
+Invariants enforced here (DESIGN.md section 3), each raising `StepError` when input breaks it:
+1. on-policy: tokens of another weight version are refused;
+2. exactly once: a sample finishes once; a chunk that leaves a gap or repeats tokens is refused;
+3. exact continuation: an attempt starts from the tokens held, and an abort's partial output must
+   extend what was streamed;
+4. waste: what a dead worker generated beyond what it streamed is counted (`StepStats.wasted_tokens`);
+6. fencing: a worker declared dead never contributes again (its chunks are counted and dropped);
+7. liveness: with samples left and no worker able to take them, the step fails naming every death.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from rlboost.policies.balance import Balancer
+from rlboost.policies.dispatch import JSQDispatcher, WorkerLoad
+from rlboost.policies.profile import ThroughputProfile
+from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort, Command, GroupDone, Partial,
+                                       PendingAbort, ReleaseReserved, Request, Retire, SampleState, StepConfig,
+                                       StepError, StepStats, Submit, Tracked, Worker, WorkerStatus)
+
+
+class StepState:
+    """See the module docstring."""
+
+    def __init__(self, samples: Iterable[tuple[str, int, object | None]], *, version: int,
+                 seed_window_s: float | None, now: float, dispatcher: JSQDispatcher, balancer: Balancer,
+                 config: StepConfig | None = None, order: Sequence[str] | None = None,
+                 overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                 progress: Callable[[str], Mapping[str, int]] | None = None, longest_pull_s: float = 0.0):
+        """`samples`: (uid, group index, token store or None) of every sample of the step.
+        `seed_window_s`: the seeding window T_seed; None: no window (an evaluation, or a layout whose
+        reserved workers never train), every worker generates to the end. `order`: every uid once, in
+        the order to dispatch them (HistoPipe). `overruns`: uid -> tokens so far => the uids running far
+        past their history, moved first by executing rebalances. `longest_pull_s`: the longest weight
+        pull seen before the step (the share's grace)."""
+        self.config = config or StepConfig()
+        self.config.validate()
+        self.version = version
+        self.dispatcher, self.balancer = dispatcher, balancer
+        self.overruns, self.progress = overruns, progress
+        self.tracked: dict[str, Tracked] = {}
+        self.remaining: dict[int, int] = {}
+        for uid, group, sample in samples:
+            if uid in self.tracked:
+                raise ValueError(f"sample uid {uid!r} appears twice in the step")
+            self.tracked[uid] = Tracked(uid, group, sample, tokens=len(sample.response_ids) if sample else 0)
+            self.remaining[group] = self.remaining.get(group, 0) + 1
+        if order is not None and (len(order) != len(self.tracked) or set(order) != self.tracked.keys()):
+            raise ValueError("a dispatch order must name every sample of the step exactly once")
+        self.pending: deque[str] = deque(self.tracked if order is None else order)
+        self.workers: dict[str, Worker] = {}
+        self.stats = StepStats()
+        self.t0 = self.now = now
+        self.seeding = seed_window_s is not None
+        self.deadline = now + (seed_window_s or 0.0)
+        self.longest_pull_s = longest_pull_s
+        self.num_finished = 0
+        self.done = not self.tracked
+        self._released = False
+        self._commands: list[Command] = []
+        self._aborts: dict[int, PendingAbort] = {}
+        self._handoffs: set[int] = set()
+        self._abort_ids = itertools.count(1)
+        self._changes = 0
+        """Bumped whenever what the dispatcher or the balancer would decide may have changed: a worker's
+        status, acceptance or samples."""
+        self._members = 0
+        """Bumped whenever who may take work changes (a worker's status or acceptance)."""
+        self._incoming_cache: tuple[int, float, list[WorkerLoad]] | None = None
+        """(members, the earliest pull start among them, the workers owed a share)."""
+        self._dispatch_idle_at: tuple | None = None
+        """The inputs at which JSQ placed nothing: until they move, every pending sample fits nowhere."""
+        self._balanced_at: tuple | None = None
+        """The inputs at which the balancer found no move."""
+        self._unbalanceable_at: int | None = None
+        """The changes at which the loads allowed no move whatever the plateaus."""
+        self._eligible_cache: tuple[int, list[Worker]] | None = None
+
+    # ---- events: workers -----------------------------------------------------------------------------
+
+    def join(self, name: str, kind: str, max_running: int, profile: ThroughputProfile | None = None, *,
+             serving: bool, pulling_since: float | None = None) -> None:
+        """A worker takes part: at the step's start, or joining mid-step. `serving`: it holds the step's
+        version; otherwise it is pulling (it may be owed a share while `pulling_since` is recent)."""
+        if name in self.workers:
+            raise ValueError(f"worker {name!r} joined the step twice")
+        if kind not in (RESERVED, PREEMPTIBLE):
+            raise ValueError(f"worker {name!r}: kind must be {RESERVED} or {PREEMPTIBLE}, got {kind!r}")
+        self.workers[name] = Worker(name, kind, max_running, profile or ThroughputProfile(),
+                                    WorkerStatus.SERVING if serving else WorkerStatus.PULLING,
+                                    pull_since=None if serving else pulling_since)
+        self._changed(members=True)
+
+    def pulling(self, name: str, since: float) -> None:
+        """The worker started pulling the step's version at `since`."""
+        w = self.workers[name]
+        if w.status is WorkerStatus.PULLING:
+            w.pull_since = since
+            self._changed(members=True)  # who is owed a share
+
+    def ready(self, name: str, now: float, pull_s: float | None = None) -> None:
+        """The worker now holds the step's version (`pull_s`: how long its pull took)."""
+        self.now = now
+        if pull_s is not None:
+            self.longest_pull_s = max(self.longest_pull_s, pull_s)
+        w = self.workers[name]
+        if w.status is WorkerStatus.PULLING:
+            w.status, w.pull_since = WorkerStatus.SERVING, None
+            self._changed(members=True)
+
+    def notice(self, name: str, now: float) -> None:
+        """A preemption notice: no more work, and what it holds is taken back before the kill."""
+        self.now = now
+        w = self.workers.get(name)
+        if w is None or not w.alive or w.status is WorkerStatus.DRAINING:
+            return
+        w.status = WorkerStatus.DRAINING
+        self._changed(members=True)
+        if w.assigned:
+            self._take_back(w, sorted(w.assigned), "noticed")
+
+    def retire(self, name: str, now: float) -> None:
+        """The worker is being given back (an instance beyond the cap): like a notice, then `Retire`
+        once it holds nothing, so the end loses no token."""
+        self.now = now
+        w = self.workers.get(name)
+        if w is None or not w.alive or w.retiring:
+            return
+        w.retiring = True
+        if w.status is not WorkerStatus.DRAINING:
+            w.status = WorkerStatus.DRAINING
+            self._changed(members=True)
+            if w.assigned:
+                self._take_back(w, sorted(w.assigned), "released")
+        self._retire_if_empty(w)
+
+    def dead(self, name: str, reason: str, now: float, released: bool = False) -> None:
+        """The worker is gone (killed, vanished, silent, or given back when `released`). Its samples go
+        back to pending from their last received token; anything it sends from now on is dropped."""
+        self.now = now
+        w = self.workers.get(name)
+        if w is None or not w.alive:
+            return
+        stats = self.stats
+        w.status = WorkerStatus.DEAD
+        self._changed(members=True)
+        stats.deaths.append((now - self.t0, name, reason))
+        if w.kind == PREEMPTIBLE and not released:
+            stats.preemptions += 1
+            stats.in_flight_at_preemption += len(w.assigned)
+        progress = self.progress(name) if self.progress is not None and w.assigned else {}
+        for uid in sorted(w.assigned):
+            track = self.tracked[uid]
+            received = track.tokens - track.base
+            stats.wasted_tokens += max(0, progress.get(track.request_id, received) - received)
+            if self.config.migration == "recompute":
+                stats.recomputed_tokens += track.tokens
+                self._forget_tokens(track)
+            self._requeue(track)
+            stats.migrated["preempted"] += 1
+        w.assigned.clear()
+        for aid in [aid for aid, pa in self._aborts.items() if pa.worker == name]:
+            del self._aborts[aid]  # its samples are back already; the answer no longer matters
+            self._handoffs.discard(aid)
+
+    def observe(self, name: str, batch_size: int, tokens_per_s: float) -> None:
+        """A decode throughput observation of the worker (its plateau B is the balancer's input)."""
+        w = self.workers.get(name)
+        if w is not None:
+            w.profile.observe(batch_size, tokens_per_s)
+
+    # ---- events: tokens ------------------------------------------------------------------------------
+
+    def chunk(self, worker: str, request_id: str, offset: int, count: int, version: int, finished: bool,
+              now: float, finish_reason: str | None = None, token_ids: Sequence[int] | None = None,
+              logprobs: Sequence[float] | None = None) -> None:
+        """`count` tokens of `request_id` from `worker`, the first at `offset` of the attempt's response.
+        The runtime passes the tokens themselves; the simulator only the count."""
+        w = self.workers.get(worker)
+        stats = self.stats
+        if w is None or w.status is WorkerStatus.DEAD:
+            stats.fenced_tokens_dropped += count
+            return
+        uid = request_id.rpartition("#")[0]
+        track = self.tracked.get(uid)
+        if track is None or track.request_id != request_id or track.state is not SampleState.RUNNING:
+            stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
+            return
+        if version != self.version:
+            raise StepError(f"sample {uid}: tokens of weight version {version} in a step at version {self.version}")
+        if track.base + offset != track.tokens:
+            raise StepError(f"sample {uid}: chunk at response offset {track.base + offset} but {track.tokens} "
+                            "tokens received (a gap or a duplicate)")
+        self.now = now
+        self._accept(track, w, count, version, token_ids, logprobs)
+        stats.received[request_id] += count
+        if finished:
+            self._finish(track, w, finish_reason)
+
+    def aborted(self, abort_id: int, partials: Mapping[str, Partial], now: float) -> None:
+        """The answer to `Abort(abort_id)`: the exact partial output of each request still running
+        there (those absent finished meanwhile; their last chunk is on its way). The samples continue
+        from there: back to the dispatcher, or straight onto the rebalance's target."""
+        self.now = now
+        pa = self._aborts.pop(abort_id, None)
+        if pa is None:
+            return  # its worker died meanwhile: the samples were requeued then
+        self._handoffs.discard(abort_id)
+        self._changed()  # even with nothing moved: the balancer may now ask for the same moves again
+        w = self.workers[pa.worker]
+        moved = []
+        for request_id, uid in pa.requests.items():  # in the order taken back, whatever the answer's order
+            partial = partials.get(request_id)
+            track = self.tracked[uid]
+            if partial is None or track.state is not SampleState.RUNNING or track.request_id != request_id:
+                continue
+            received = track.tokens - track.base
+            if partial.token_ids is not None and track.sample is not None:
+                if list(partial.token_ids[:received]) != track.sample.response_ids[track.base:]:
+                    raise StepError(f"sample {uid}: the aborted request's tokens do not extend the tokens "
+                                    "already streamed")
+            if partial.count < received:
+                raise StepError(f"sample {uid}: an abort returned {partial.count} tokens but {received} were "
+                                "streamed")
+            extra = partial.count - received
+            if extra:
+                if partial.version != self.version:
+                    raise StepError(f"sample {uid}: tokens of weight version {partial.version} in a step at "
+                                    f"version {self.version}")
+                self._accept(track, w, extra, partial.version,
+                             partial.token_ids[received:] if partial.token_ids is not None else None,
+                             partial.logprobs[received:] if partial.logprobs is not None else None)
+                self.stats.received[request_id] += extra
+            w.assigned.discard(uid)
+            self._requeue(track)
+            self.stats.migrated[pa.reason] += 1
+            moved.append(uid)
+        target = self.workers.get(pa.target) if pa.target is not None else None
+        if moved and target is not None and self._eligible(target):
+            moved_set = set(moved)
+            self.pending = deque(uid for uid in self.pending if uid not in moved_set)
+            self._submit(target, moved)
+        if w.retiring:
+            self._retire_if_empty(w)
+
+    # ---- decisions -----------------------------------------------------------------------------------
+
+    def decide(self, now: float) -> list[Command]:
+        """Run the step's decisions at `now` and return every command issued since the last call."""
+        self.now = now
+        if not self.done:
+            if self.seeding and now >= self.deadline:
+                self._end_seeding()
+            self._dispatch()
+            self._rebalance()
+        self._release_if_free()
+        return self.take_commands()
+
+    def take_commands(self) -> list[Command]:
+        """The commands issued by events since the last call, without deciding anything."""
+        commands, self._commands = self._commands, []
+        return commands
+
+    def remote_timings(self, end: float) -> tuple[float, float]:
+        """The offload controller's (t_remote, t_wait_remote) for this step, its training having
+        ended at `end` (the paper's artifact measures them so): how long the instances generated, from
+        the first work one got to the step's last response, and how long the step went on after that
+        response. t_wait_remote is 0 when no instance generated: then nobody waited on them."""
+        stats = self.stats
+        if not self.done:
+            raise StepError("remote_timings: the step's rollout has not finished")
+        remote = stats.rollout_s - stats.remote_start_s if stats.remote_start_s is not None else 0.0
+        waited = max(0.0, end - (self.t0 + stats.rollout_s)) if stats.tokens_by_kind[PREEMPTIBLE] > 0 else 0.0
+        return remote, waited
+
+    def next_deadline(self) -> float | None:
+        """When a decision is due without any event (the end of the seeding window); None: none."""
+        return self.deadline if self.seeding and not self.done else None
+
+    @property
+    def released(self) -> bool:
+        """The reserved resources are the trainer's."""
+        return self._released
+
+    def holding(self, name: str) -> int:
+        """Samples the worker runs or queues."""
+        w = self.workers.get(name)
+        return len(w.assigned) if w is not None else 0
+
+    def eligible(self) -> list[Worker]:
+        """The workers that may take work now, in the order they joined."""
+        if self._eligible_cache is None or self._eligible_cache[0] != self._members:
+            self._eligible_cache = (self._members, [w for w in self.workers.values() if self._eligible(w)])
+        return self._eligible_cache[1]
+
+    # ---- internals -----------------------------------------------------------------------------------
+
+    def _changed(self, members: bool = False) -> None:
+        """Something the dispatcher's or the balancer's inputs derive from changed: a worker's samples,
+        or (`members`) who may take work."""
+        self._changes += 1
+        if members:
+            self._members += 1
+
+    @staticmethod
+    def _eligible(w: Worker) -> bool:
+        return w.status is WorkerStatus.SERVING and w.accepting
+
+    def _end_seeding(self) -> None:
+        """The window is over: the reserved workers hand what they hold to the instances and free their
+        memory for training. With no instance serving the step they keep going (checked again later)."""
+        if not any(w.kind == PREEMPTIBLE and self._eligible(w) for w in self.workers.values()):
+            return
+        for w in self.workers.values():
+            if w.kind == RESERVED and w.alive:
+                w.accepting = False
+                self._handoffs.add(self._take_back(w, sorted(w.assigned), "seed_handoff", then_sleep=True))
+        self._changed(members=True)
+        self.seeding = False
+        self.stats.seed_s = self.now - self.t0
+
+    def _release_if_free(self) -> None:
+        if not self._released and not self.seeding and not self._handoffs:
+            self._released = True
+            self._commands.append(ReleaseReserved())
+
+    def _ensure_capacity(self) -> list[Worker]:
+        """The eligible workers; when none is left with samples waiting, the reserved workers at the
+        step's version take the work back (the colocated fallback), or the step fails."""
+        eligible = self.eligible()
+        if eligible or not self.pending:
+            return eligible
+        reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerStatus.SERVING]
+        if not reserved:
+            raise StepError(f"no rollout worker left at weight version {self.version}: "
+                            + ("; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths) or "none joined"))
+        for w in reserved:
+            w.accepting = True
+        if not self.seeding:
+            self.stats.fallback = True
+        self._changed(members=True)
+        return self.eligible()
+
+    def _incoming(self) -> list[WorkerLoad]:
+        """Preemptible workers pulling the step's weights, and not for longer than a pull takes: their
+        share of the dispatch waits for them."""
+        if not self.config.share_with_pulling:
+            return []
+        grace = max(self.config.share_grace_s, 2 * self.longest_pull_s)
+        cached = self._incoming_cache
+        if cached is not None and cached[0] == self._members and self.now - cached[1] <= grace:
+            return cached[2]  # the same pullers, and the earliest of them still within its grace
+        pulling = [w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.status is WorkerStatus.PULLING
+                   and w.pull_since is not None and self.now - w.pull_since <= grace]
+        earliest = min((w.pull_since for w in pulling), default=math.inf)
+        incoming = [WorkerLoad(w.name, 0, 0, w.max_running) for w in pulling]
+        self._incoming_cache = (self._members, earliest, incoming)
+        return incoming
+
+    @staticmethod
+    def _loads(workers: list[Worker]) -> list[WorkerLoad]:
+        loads = []
+        for w in workers:
+            running = min(len(w.assigned), w.max_running)
+            loads.append(WorkerLoad(w.name, running, len(w.assigned) - running, w.max_running))
+        return loads
+
+    def _dispatch(self) -> None:
+        if not self.pending:
+            return
+        incoming = self._incoming()
+        # JSQ places nothing exactly when no worker is open, whatever waits: until the workers, their
+        # samples or who is owed a share change, asking again (O(pending + workers)) is wasted.
+        names = tuple(load.name for load in incoming)
+        if (self._changes, names) == self._dispatch_idle_at:
+            return
+        eligible = self._ensure_capacity()
+        decisions = self.dispatcher.assign(list(self.pending), self._loads(eligible), incoming)
+        if not decisions:
+            self._dispatch_idle_at = (self._changes, names)
+            return
+        self.pending = deque(uid for uid in self.pending if uid not in decisions)
+        by_worker: dict[str, list[str]] = {}
+        for uid, name in decisions.items():
+            by_worker.setdefault(name, []).append(uid)
+        for name, uids in by_worker.items():
+            self._submit(self.workers[name], uids)
+
+    def _rebalance(self) -> None:
+        if self.pending or self._aborts:
+            return  # dispatch first; and decide on loads that no abort in flight is about to change
+        if self._changes == self._unbalanceable_at:
+            return  # the same loads, on which no move was possible whatever the plateaus
+        workers = self.eligible()
+        balancer = self.balancer
+        if len(workers) < 2 or not balancer.could_move(workers):
+            self._unbalanceable_at = self._changes
+            return
+        loads = self._loads(workers)
+        plateaus = {w.name: w.profile.plateau() for w in workers}
+        seen = (self._changes, tuple(plateaus.values()))
+        if seen == self._balanced_at:
+            return  # the balancer is pure: the loads and plateaus that gave no move still give none
+        moves = balancer.rebalance(loads, plateaus) if balancer.may_move(loads, plateaus) else []
+        if not moves:
+            self._balanced_at = seen
+            return
+        for move in moves:
+            source, target = self.workers[move.source], self.workers[move.target]
+            so_far = self._tokens_so_far(source)
+            # the cheapest to move are those with the fewest tokens (the least to re-prefill) ...
+            chosen = sorted(source.assigned, key=lambda uid: (so_far[uid], uid))
+            if move.executing and self.overruns is not None:
+                # ... except samples far past their history: where they are, they would be the tail
+                flagged = self.overruns({uid: so_far[uid] for uid in source.assigned})
+                self.stats.overruns_moved += len(flagged[:move.count])
+                first = set(flagged)
+                chosen = flagged + [uid for uid in chosen if uid not in first]
+            self._take_back(source, chosen[:move.count], "rebalanced", target=target.name)
+
+    def _tokens_so_far(self, w: Worker) -> dict[str, int]:
+        """uid -> response tokens of each sample `w` holds, as far as the shell knows."""
+        progress = self.progress(w.name) if self.progress is not None else {}
+        out = {}
+        for uid in w.assigned:
+            track = self.tracked[uid]
+            out[uid] = track.base + max(progress.get(track.request_id, 0), track.tokens - track.base)
+        return out
+
+    def _submit(self, w: Worker, uids: list[str]) -> None:
+        if w.kind == PREEMPTIBLE and self.stats.remote_start_s is None:
+            self.stats.remote_start_s = self.now - self.t0
+        requests = []
+        for uid in uids:
+            track = self.tracked[uid]
+            track.attempt += 1
+            track.state, track.worker = SampleState.RUNNING, w.name
+            track.request_id = f"{uid}#{track.attempt}"
+            track.base = track.tokens
+            requests.append(Request(uid, track.request_id, track.tokens))
+            w.assigned.add(uid)
+        w.last_finish = None
+        self._changed()
+        self._commands.append(Submit(w.name, requests))
+
+    def _take_back(self, w: Worker, uids: list[str], reason: str, then_sleep: bool = False,
+                   target: str | None = None) -> int:
+        aid = next(self._abort_ids)
+        requests = {self.tracked[uid].request_id: uid for uid in uids}
+        self._aborts[aid] = PendingAbort(w.name, requests, reason, target, self.now)
+        self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep))
+        return aid
+
+    def _retire_if_empty(self, w: Worker) -> None:
+        if w.retiring and not w.retired and not w.assigned and not any(pa.worker == w.name for pa in self._aborts.values()):
+            w.retired = True
+            self._commands.append(Retire(w.name))
+
+    def _accept(self, track: Tracked, w: Worker, count: int, version: int, token_ids, logprobs) -> None:
+        track.tokens += count
+        sample = track.sample
+        if sample is not None:
+            if token_ids is None or logprobs is None or len(token_ids) != count or len(logprobs) != count:
+                raise StepError(f"sample {track.uid}: {count} tokens announced without their ids and log-probs")
+            sample.response_ids += token_ids
+            sample.logprobs += logprobs
+            sample.versions += [version] * count
+        w.tokens += count
+        self.stats.tokens_by_kind[w.kind] += count
+        self.stats.tokens_by_worker[w.name] += count
+
+    def _finish(self, track: Tracked, w: Worker, reason: str | None) -> None:
+        track.state, track.worker, track.finish_reason = SampleState.FINISHED, None, reason
+        if track.sample is not None:
+            track.sample.finish_reason = reason
+        w.assigned.discard(track.uid)
+        self._changed()
+        if not w.assigned:
+            w.last_finish = self.now
+            if w.retiring:
+                self._retire_if_empty(w)
+        self.num_finished += 1
+        self.remaining[track.group] -= 1
+        if self.remaining[track.group] == 0:
+            self._commands.append(GroupDone(track.group))
+        if self.num_finished == len(self.tracked):
+            self._complete()
+
+    def _complete(self) -> None:
+        """The last sample finished: the step's timings are final from here on."""
+        stats = self.stats
+        self.done = True
+        stats.rollout_s = self.now - self.t0
+        if self.seeding:  # no hand-off happened: the reserved workers generated it all
+            self.seeding = False
+            stats.seed_s = stats.rollout_s
+        # the tail: from the first to the last worker done, among those that generated to the end: the
+        # instances, or the reserved workers when none was there
+        finishers = ([w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.alive]
+                     or [w for w in self.workers.values() if w.kind == RESERVED and w.alive])
+        done = [w.last_finish for w in finishers if w.last_finish is not None and w.tokens > 0]
+        stats.tail_s = max(done) - min(done) if done else 0.0
+
+    def _requeue(self, track: Tracked) -> None:
+        """Back to the manager, first in line: it already holds tokens and its group waits on it."""
+        track.state, track.worker = SampleState.PENDING, None
+        track.migrations += 1
+        self.pending.appendleft(track.uid)
+
+    @staticmethod
+    def _forget_tokens(track: Tracked) -> None:
+        track.tokens = 0
+        if track.sample is not None:
+            del track.sample.response_ids[:], track.sample.logprobs[:], track.sample.versions[:]
+
+
+__all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "ReleaseReserved",
+           "Request", "Retire", "SampleState", "StepConfig", "StepError", "StepState", "StepStats", "Submit",
+           "Tracked", "Worker", "WorkerStatus"]
