@@ -1,6 +1,7 @@
 """The emulated engine (rlboost.sim.emulated) and the simulator-against-emulation check
-(rlboost.sim.emulate): pace, content, exact continuation, chunking, the workers built on it, and a
-small end-to-end run of the real control plane against the simulator."""
+(rlboost.bench.emulation): pace, content, exact continuation, chunking, the engine contract and its
+errors (the engine's own classes), the rollout worker built on it, and a small end-to-end run of the
+real control plane against the simulator."""
 
 from __future__ import annotations
 
@@ -10,17 +11,10 @@ import time
 
 import pytest
 
+from rlboost.engine import EngineBackend, EngineStateError, InvalidRequestError
 from rlboost.engine.sampling_params import SamplingParams
-from rlboost.sim.emulated import (
-    EmulatedEngine,
-    EmulationConfig,
-    EngineStateError,
-    InvalidRequestError,
-    logprob_at,
-    token_at,
-    workload_seed,
-)
-from rlboost.sim.profile import engine_rollout
+from rlboost.sim.emulated import EmulatedEngine, EmulatedEngines, EmulationConfig, logprob_at, token_at, workload_seed
+from rlboost.sim.batching import engine_rollout
 from rlboost.sim.workload import Workload, WorkloadConfig
 
 EOS = 2
@@ -249,31 +243,48 @@ def test_seeds_outside_the_workload_still_draw_from_it():
     assert 0.8 * cfg.lengths().median_response <= median <= 1.2 * cfg.lengths().median_response
 
 
-def test_rollout_worker_runs_on_the_emulated_engine():
-    # The real RolloutWorker class (in-process) with WorkerSpec.emulate: its stream, submit and abort.
-    from rlboost.engine import EngineConfig, SamplingParams
+def test_the_emulated_engine_implements_the_engine_contract():
+    engine, _ = fake_engine(config())
+    assert isinstance(engine, EngineBackend)
+    engine.add("a", PROMPT, params(4))
+    with pytest.raises(InvalidRequestError):  # the engine's own class: callers catch one error for every backend
+        engine.add("a", PROMPT, params(4))
+    with pytest.raises(EngineStateError):
+        engine.load_weights(None, 1)
+
+
+@pytest.mark.parametrize("worker", ["rollout", "light"])
+def test_rollout_worker_runs_on_the_emulated_engine(worker):
+    # The one RolloutWorker class (in-process), its engine built by the emulation's factory: stream,
+    # submit, abort, and a pull of real published bytes.
+    from rlboost.bench.emulation import _tiny_fingerprint
+    from rlboost.engine import EngineConfig
     from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
     from rlboost.models import ModelConfig
 
+    factory = EmulatedEngines(config(time_scale=0.02, worker=worker), _tiny_fingerprint() if worker == "light" else "")
     spec = WorkerSpec(ModelConfig(path="tiny:qwen2"), EngineConfig(device="cpu"), eos_token_ids=[EOS],
-                      heartbeat_interval_s=0.1, emulate=config(time_scale=0.02))
-    worker = RolloutWorker(spec)
-    assert type(worker.engine).__name__ == "EmulatedEngine" and worker.info().max_running == 16
-    sp = SamplingParams(max_tokens=1000, seed=long_seed(worker.engine, 64))
-    worker.submit([("a", PROMPT, sp, len(PROMPT)), ("b", PROMPT, SamplingParams(max_tokens=200, seed=7), len(PROMPT))])
+                      heartbeat_interval_s=0.1, engine_factory=factory)
+    worker_ = RolloutWorker(spec)
+    assert type(worker_.engine).__name__ == "EmulatedEngine" and worker_.info().max_running == 16
+    assert worker_.fingerprint == _tiny_fingerprint()  # with or without a skeleton: the run's model
+    sp = SamplingParams(max_tokens=1000, seed=long_seed(worker_.engine, 64))
+    worker_.submit([("a", PROMPT, sp, len(PROMPT)), ("b", PROMPT, SamplingParams(max_tokens=200, seed=7), len(PROMPT))])
     got: dict[str, list[int]] = {}
-    stream = worker.stream()
+    stream = worker_.stream()
     while len(got.get("a", [])) < 16:
         for c in next(stream).chunks:
             got.setdefault(c.request_id, []).extend(c.token_ids)
-    partials = worker.abort(["a"])
+    partials = worker_.abort(["a"])
     assert partials["a"].token_ids[:len(got["a"])] == got["a"]
-    assert worker.engine.progress().keys() == {"b"}
+    assert worker_.engine.progress().keys() == {"b"}
 
 
-def test_the_light_worker_module_never_imports_torch():
-    code = ("import sys; import rlboost.sim.emulated_worker, rlboost.sim.emulated; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+def test_a_light_rollout_worker_never_imports_torch():
+    # The worker's module, the emulated engine, the messages and manifest it unpickles, and a pull's
+    # verification: none of them loads torch.
+    code = ("import sys; import rlboost.hybrid.worker, rlboost.sim.emulated, rlboost.hybrid.wire, "
+            "rlboost.hybrid.weights; assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -281,7 +292,7 @@ def test_simulated_and_emulated_steps_agree():
     # The real control plane (Ray, manager, controller, fixed pool, light workers, pulls of real bytes)
     # on emulated engines, against the simulator on the same configuration. check_step, run inside,
     # asserts every group and sample exactly once, on-policy, exact tokens and the workload's lengths.
-    from rlboost.sim.emulate import CheckConfig, run_check
+    from rlboost.bench.emulation import CheckConfig, run_check
 
     cfg = CheckConfig(instances=2, reserved_engines=1, prompts=8, samples=4, steps=2, length_scale=1 / 48,
                       max_num_seqs=8, seed_window_s=1.0, worker="light")

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from rlboost.data import arithmetic_rows
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
-from rlboost.engine.engine import SpecStats
+from rlboost.engine.protocol import SpecStats
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import ModelConfig, load_model
 from rlboost.rewards import compute_score

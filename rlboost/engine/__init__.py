@@ -2,11 +2,11 @@
 
 Files, nano-vllm style: sequence (request state and outputs), scheduler (what runs next),
 kv_cache (slot cache), model_runner (forward pass), sampler + rng (tokens and log-probs), engine
-(the public contract).
+(`LLMEngine`), protocol (the contract every backend implements, torch-free).
 
-Names are imported on first use (PEP 562): the request and output types (`SamplingParams`,
-`StreamChunk`, `PartialOutput`) are torch-free, so processes that only pass them around (the
-emulated light workers) can import them without loading torch, which `LLMEngine` needs.
+Names are imported on first use (PEP 562): the contract (`EngineBackend`, `SpecStats`, the errors) and
+the request and output types (`SamplingParams`, `StreamChunk`, `PartialOutput`) are torch-free, so a
+worker whose engine needs no torch (the emulated one) never loads it; `LLMEngine` does.
 """
 
 from importlib import import_module
@@ -14,8 +14,10 @@ from importlib import import_module
 _WHERE = {
     "EngineConfig": "config",
     "LLMEngine": "engine",
-    "EngineStateError": "engine",
-    "InvalidRequestError": "engine",
+    "EngineStateError": "protocol",
+    "InvalidRequestError": "protocol",
+    "SpecStats": "protocol",
+    "EngineBackend": "protocol",
     "SamplingParams": "sampling_params",
     "StreamChunk": "sequence",
     "PartialOutput": "sequence",

@@ -1,6 +1,6 @@
 """LLMEngine: continuous-batching generation with token streaming, exact abort/resume, weight swaps.
 
-Contract (DESIGN.md 2.1):
+Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.protocol.EngineBackend`):
 - `add(request_id, prompt_token_ids, params)` admits a request or raises InvalidRequestError naming it;
   other requests are unaffected.
 - `step()` runs one batch (a prefill of waiting prompts, or one decode token for every running
@@ -25,8 +25,6 @@ import itertools
 import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence as SequenceABC
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -34,41 +32,14 @@ from transformers import PreTrainedModel
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
+from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_weights,
+                                     weights_fingerprint)
 from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
 from rlboost.engine.sequence import Completion, PartialOutput, Sequence, SequenceStatus, StreamChunk
 from rlboost.policies.spec_budget import SpecBudget
-
-
-class Drafter(Protocol):
-    """The speculative-decoding hook (HistoSpec's drafter is one): proposes draft tokens per request and
-    learns from how many were accepted."""
-
-    def start(self, request_id: str, prompt_ids: SequenceABC[int]) -> None: ...
-    def propose(self, request_id: str, context: SequenceABC[int]) -> list[int]: ...
-    def feedback(self, request_id: str, drafted: int, accepted: int) -> None: ...
-    def finish(self, request_id: str) -> None: ...
-
-
-@dataclass
-class SpecStats:
-    """Speculation counters: per drafted request, verifications, draft tokens and accepted ones; per
-    verification step, its time and the time plain decoding would have taken for the same tokens."""
-
-    verifications: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    decode_steps: int = 0
-    verify_steps: int = 0
-    verify_s: float = 0.0
-    plain_equivalent_s: float = 0.0
-
-    def record(self, drafted: int, accepted: int) -> None:
-        self.verifications += 1
-        self.drafted += drafted
-        self.accepted += accepted
 
 
 def accepted_prefix(draft: list[int], drawn: list[int]) -> int:
@@ -78,14 +49,6 @@ def accepted_prefix(draft: list[int], drawn: list[int]) -> int:
     while accepted < len(draft) and drawn[accepted] == draft[accepted]:
         accepted += 1
     return accepted
-
-
-class InvalidRequestError(ValueError):
-    """A request was rejected at `add`; the message names it and what was wrong."""
-
-
-class EngineStateError(RuntimeError):
-    """The engine cannot do this now (busy with requests, or asleep)."""
 
 
 def resolve_device(name: str, key: str = "engine.device") -> torch.device:
@@ -127,6 +90,9 @@ class LLMEngine:
         self.spec_budget = SpecBudget(config.spec_max_batch)
         self.last_step: tuple[int, bool] = (0, False)
         """(requests in the last step, whether it was a prefill): lets a worker profile decode speed."""
+        self.last_decode_steps = 1
+        """Decode steps the last step() ran: always one here (the protocol allows engines that run several)."""
+        self.fingerprint = weights_fingerprint(dict(self.model.named_parameters()))
         self._active: dict[str, Sequence] = {}
         self._seed_counter = itertools.count()
         self._request_counter = itertools.count()
@@ -371,16 +337,7 @@ class LLMEngine:
         """Copy a complete state dict into the model in place and tag it `version`."""
         self._require_idle("load_weights")
         params = dict(self.model.named_parameters())  # tied weights appear once
-        aliases = set(self.model.state_dict()) - set(params)
-        unknown = sorted(set(state_dict) - set(params) - aliases)
-        missing = sorted(set(params) - set(state_dict))
-        if unknown or missing:
-            raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
-                             f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
-        for name, param in params.items():
-            if tuple(state_dict[name].shape) != tuple(param.shape):
-                raise ValueError(f"load_weights(version={version}): `{name}` has shape "
-                                 f"{tuple(state_dict[name].shape)}, the model expects {tuple(param.shape)}")
+        check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
         with torch.no_grad():
             for name, param in params.items():
                 param.copy_(state_dict[name])

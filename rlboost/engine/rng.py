@@ -17,10 +17,14 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
+def hash64(seed: int, position: int, stream: int = 0) -> int:
+    """64 random bits for (seed, position); `stream` separates independent uses."""
+    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ position) ^ stream)
+
+
 def uniform(seed: int, position: int, stream: int = 0) -> float:
     """A U(0, 1) draw, never exactly 0 or 1, for (seed, position); `stream` separates independent uses."""
-    h = _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ position) ^ stream)
-    return ((h >> 11) + 0.5) / float(1 << 53)
+    return ((hash64(seed, position, stream) >> 11) + 0.5) / float(1 << 53)
 
 
 def derive_seed(base_seed: int, counter: int) -> int:

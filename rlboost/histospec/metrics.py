@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 
-from rlboost.engine.engine import SpecStats
+from rlboost.engine.protocol import SpecStats
 
 
 def merged(stats: Iterable[SpecStats]) -> SpecStats:

@@ -1,6 +1,10 @@
 """A rollout worker: one engine in its own process (a Ray actor), on a reserved or preemptible resource.
 
 Contract (DESIGN.md 2.2):
+- The engine is built in the worker's process by `spec.engine_factory(spec)`: any
+  `rlboost.engine.protocol.EngineBackend`. The default is rlboost's `LLMEngine` on the model's
+  skeleton (`rlboost_engine`); the emulated engine of `rlboost.sim.emulated` plugs in the same way.
+  This module imports neither torch nor Ray: a worker whose engine needs no torch never loads it.
 - `stream()` is a streaming generator the manager reads for the worker's whole life. After every
   engine step that produced chunks it yields a `WorkerReport` at once, so a chunk leaves the process
   as soon as it exists and a hard kill loses at most the tokens not yet chunked (< stream_interval
@@ -17,24 +21,19 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import torch
-
-from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
-from rlboost.engine.engine import SpecStats
+from rlboost.engine.config import EngineConfig
+from rlboost.engine.protocol import EngineBackend, SpecStats
+from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid import weights as weight_store
-from rlboost.models import ModelConfig
-from rlboost.models.loading import load_skeleton
-
-if TYPE_CHECKING:
-    from rlboost.sim.emulated import EmulationConfig
+from rlboost.hybrid.wire import PullResult, WeightManifest, WorkerInfo, WorkerReport
+from rlboost.models.config import ModelConfig
 
 
 @dataclass
@@ -52,64 +51,33 @@ class WorkerSpec:
     pull_delay_s: float = 0.0
     """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
     middle of one. 0 outside tests."""
-    emulate: EmulationConfig | None = None
-    """Emulation (rlboost.sim.emulated): the engine sleeps through the time a performance profile
-    predicts instead of computing, so the runtime runs at modelled H100 speed. Pulls stay real. None:
-    the real engine."""
+    engine_factory: Callable[[WorkerSpec], EngineBackend] | None = None
+    """Builds the engine in the worker's process (a module-level callable or a picklable object).
+    None: `rlboost_engine`, rlboost's own engine on the model's skeleton."""
 
 
-@dataclass
-class WorkerReport:
-    """What a worker streams: new chunks and its load right after an engine step (or a heartbeat)."""
+def rlboost_engine(spec: WorkerSpec) -> EngineBackend:
+    """The default engine: `LLMEngine` on the architecture of `spec.model`, without trained weights
+    (version -1) until the first pull."""
+    import torch
 
-    chunks: list[StreamChunk]
-    running: int
-    waiting: int
-    generated: dict[str, int] = field(default_factory=dict)
-    """Tokens generated so far by each unfinished request, streamed or not."""
-    batch_size: int = 0
-    """Requests in the step just run (0 for a heartbeat or a prefill)."""
-    step_s: float = 0.0
-    """Duration of that decode step."""
+    from rlboost.engine.engine import LLMEngine
+    from rlboost.models.loading import load_skeleton
 
-
-@dataclass
-class WorkerInfo:
-    pid: int
-    node_id: str
-    max_running: int
-    version: int
-    fingerprint: str
-    """Architecture of the model it serves (`weights.fingerprint`)."""
-    checksum: str
-    """Checksum of the version it serves ("" before its first pull)."""
-
-
-@dataclass
-class PullResult:
-    version: int
-    checksum: str
-    nbytes: int
-    seconds: float
+    torch.set_num_threads(spec.num_threads)
+    return LLMEngine(load_skeleton(spec.model), spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
 
 
 class RolloutWorker:
-    """Wrapped as a Ray actor by `hybrid.cluster`; usable directly in-process too."""
+    """Wrapped as a Ray actor by the fleet; usable directly in-process too."""
 
     def __init__(self, spec: WorkerSpec):
-        torch.set_num_threads(spec.num_threads)
-        model = load_skeleton(spec.model)
-        self.fingerprint = weight_store.fingerprint(dict(model.named_parameters()))
+        self.engine = (spec.engine_factory or rlboost_engine)(spec)
+        self.fingerprint = self.engine.fingerprint
         self.checksum = ""
-        self._served: dict = {}
-        if spec.emulate is not None:
-            from rlboost.sim.emulated import EmulatedEngine  # the emulation has no drafter: no HistoSpec
-
-            self.engine = EmulatedEngine(spec.emulate, spec.eos_token_ids, weight_version=-1, model=model)
-        else:
-            self.engine = LLMEngine(model, spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
+        self._served: object = None
         self.history = None
-        if spec.histospec is not None and spec.emulate is None:
+        if spec.histospec is not None:
             self.history = HistoryStore(spec.histospec.history_max_tokens)
             self.engine.drafter = Drafter(self.history, spec.histospec)
         self.spec = spec
@@ -158,19 +126,19 @@ class RolloutWorker:
                 self.engine.sleep()
             return partials
 
-    def pull(self, manifest: weight_store.WeightManifest, timeout_s: float) -> PullResult:
+    def pull(self, manifest: WeightManifest, timeout_s: float) -> PullResult:
         """Fetch, verify and load a published version. The fetch runs outside the engine lock; the swap
         happens only once every bucket passed its checksum, so a failure leaves the old weights."""
         t0 = time.perf_counter()
         if self.spec.pull_delay_s:
             time.sleep(self.spec.pull_delay_s)
-        state = weight_store.pull(manifest, self.fingerprint, timeout_s)
+        weights = weight_store.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
-            self.engine.load_weights(state, manifest.version)
+            self.engine.load_weights(weights, manifest.version)
             self.checksum = manifest.checksum
-            # the state views the fetched buckets: holding it keeps this node's copies in the object
+            # the weights view the fetched buckets: holding them keeps this node's copies in the object
             # store, where instances joining later can fetch them (peer to peer), until the next version
-            self._served = state
+            self._served = weights
         return PullResult(manifest.version, manifest.checksum, manifest.nbytes, time.perf_counter() - t0)
 
     # ---- the stream ------------------------------------------------------------------------------
@@ -185,8 +153,8 @@ class RolloutWorker:
                 else:
                     t0 = time.perf_counter()
                     chunks = self.engine.step()
-                    # per decode step: an emulated engine's step() may span several (last_decode_steps)
-                    step_s = (time.perf_counter() - t0) / getattr(self.engine, "last_decode_steps", 1)
+                    # per decode step: an engine's step() may span several (the emulated one's does)
+                    step_s = (time.perf_counter() - t0) / max(self.engine.last_decode_steps, 1)
                     batch_size, was_prefill = self.engine.last_step
                     decoding = 0 if was_prefill else batch_size
                     self._write_ledger(chunks)
@@ -198,7 +166,7 @@ class RolloutWorker:
 
     def _report(self, chunks: list[StreamChunk], batch_size: int = 0, step_s: float = 0.0) -> WorkerReport:
         return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
-                            batch_size, step_s)
+                            batch_size, step_s, 1 if chunks else 0)
 
     def _write_ledger(self, chunks: list[StreamChunk]) -> None:
         if self._ledger is not None:

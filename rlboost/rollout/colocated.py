@@ -12,7 +12,7 @@ from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 from rlboost.engine import LLMEngine, SamplingParams
-from rlboost.engine.engine import SpecStats
+from rlboost.engine.protocol import SpecStats
 from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import spec_metrics
 from rlboost.engine.rng import derive_seed

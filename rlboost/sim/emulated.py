@@ -1,26 +1,25 @@
 """An emulated rollout engine: tokens at the pace the simulator's profile predicts, by sleeping.
 
-Contract (DESIGN.md 2.9): `EmulatedEngine` implements the part of `rlboost.engine.LLMEngine` that a
-rollout worker uses (`add`, `step`, `abort`, `progress`, `has_unfinished`, `num_running`,
-`num_waiting`, `last_step`, `load_weights`, `sleep`/`wake`/`asleep`, `weight_version`, `spec_stats`,
-`drafter`, `config.max_num_seqs`, `config.stream_interval`), so the real runtime (Ray workers, the
-manager, migrations, kills, weight pulls) runs on it unchanged, at the speed of a modelled H100
-engine and with many instances on one small machine.
+Contract (DESIGN.md 2.9): `EmulatedEngine` is an `rlboost.engine.protocol.EngineBackend`, so the real
+runtime (Ray workers, the manager, migrations, kills, weight pulls) runs on it unchanged, at the speed
+of a modelled H100 engine and with many instances on one small machine. A `RolloutWorker` builds it
+through its engine factory (`EmulatedEngines`), as it builds rlboost's own engine.
 
 - Content: the token at absolute position t of a request is a pure function of (seed, t), and so is
-  its log-prob. The response length is a pure function of the seed, drawn from the simulator's
-  workload (`rlboost.sim.workload`, scaled by `length_scale`); a seed made by `workload_seed(step,
-  prompt, sample)` gets exactly the length `Workload.step(step)[prompt][sample]`, so a simulation of
-  the same workload sees the same samples. `max_tokens` counts from the original prompt (`prompt_len`),
-  so a request resubmitted as prompt + partial tokens ends at the same absolute length with the same
-  tokens: exact continuation (invariant 3) is checkable, and `add` checks it.
+  its log-prob (the counter-based draws of `rlboost.engine.rng`). The response length is a pure
+  function of the seed, drawn from the simulator's workload (`rlboost.sim.workload`, scaled by
+  `length_scale`); a seed made by `workload_seed(step, prompt, sample)` gets exactly the length
+  `Workload.step(step)[prompt][sample]`, so a simulation of the same workload sees the same samples.
+  `max_tokens` counts from the original prompt (`prompt_len`), so a request resubmitted as prompt +
+  partial tokens ends at the same absolute length with the same tokens: exact continuation
+  (invariant 3) is checkable, and `add` checks it.
 - A response ends with the stop token (finish_reason "stop": the smallest of the request's stop ids,
   its params' `stop_token_ids` plus the engine's EOS ids unless `ignore_eos`) at its drawn length, or
   at `max_tokens` ("length"). Lengths at the workload's `max_response` stand for responses the cap
   truncated: they carry no stop token and run to `max_tokens`. Without any stop id every request
   runs to `max_tokens`.
-- Time: the batching state is the simulator's own `EngineState` (rlboost.sim.profile): admission up to
-  max_num_seqs and the KV capacity, batched prefill of new prompts, re-prefill of resumed ones,
+- Time: the batching state is the simulator's own `EngineState` (rlboost.sim.batching): admission up
+  to max_num_seqs and the KV capacity, batched prefill of new prompts, re-prefill of resumed ones,
   evictions. `step()` sleeps `time_scale` x the modelled time of what it does: a prefill, or up to
   `stream_interval` decode steps (fewer when a sample finishes or an admission point comes first),
   then hands out the new tokens as chunks of at most `stream_interval` per request. Sleeps aim at
@@ -28,8 +27,10 @@ engine and with many instances on one small machine.
   and a late step is caught up, not accumulated.
 - Timing assumes every prompt is `workload.prompt_len` tokens long (as the simulator does); the
   actual prompt's length only fixes where the response starts.
-- Pure Python: no torch, no Ray (the light worker built on it, `rlboost.sim.emulated_worker`, runs
-  in processes that never import torch). Speculative decoding is not emulated (`drafter` is ignored).
+- Weights: with a model skeleton (`worker="rollout"`), `load_weights` copies the pulled tensors in,
+  as the real engine does; without one (`worker="light"`) it keeps only the version, and the
+  worker's process never imports torch (pulls still fetch and verify every byte). Speculative
+  decoding is not emulated (`drafter` is ignored). No Ray here.
 """
 
 from __future__ import annotations
@@ -41,9 +42,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 
+from rlboost.engine.protocol import (EngineStateError, InvalidRequestError, SpecStats, check_weights,
+                                     weights_fingerprint)
+from rlboost.engine.rng import derive_seed, hash64, uniform
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
-from rlboost.sim.profile import MODELS, EngineProfile, EngineState, ProfileConfig, TrainProfile, make_profiles
+from rlboost.sim.batching import EngineState
+from rlboost.sim.profile import EngineProfile, ProfileConfig, TrainProfile, make_profiles
+from rlboost.sim.specs import MODELS
 from rlboost.sim.workload import Workload, WorkloadConfig
 
 _PREFIX = "emulate"
@@ -58,9 +64,8 @@ _TAG_BITS, _STEP_BITS, _INDEX_BITS = 16, 23, 12
 _TAG_VALUE = 0x5EED
 _TAG_SHIFT = _STEP_BITS + 2 * _INDEX_BITS
 
-# Streams of the counter-based hash, one per kind of draw.
+# Streams of the counter-based draws (rlboost.engine.rng), one per kind of draw.
 _TOKEN_STREAM, _LOGPROB_STREAM, _LENGTH_STREAM = 1, 2, 3
-_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -68,7 +73,7 @@ class EmulationConfig:
     """What an emulated engine emulates, and how fast. One config serves every worker of a run."""
 
     model: str = "qwen3-8b"
-    """The modelled model (rlboost.sim.profile.MODELS): its engine profile sets every step's time."""
+    """The modelled model (rlboost.sim.specs.MODELS): its engine profile sets every step's time."""
     time_scale: float = 1.0
     """Wall seconds per modelled second: 1 runs at the modelled H100 engine's speed, 2 at half of it."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
@@ -86,10 +91,10 @@ class EmulationConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     """The performance model (its max_num_seqs is replaced by this config's)."""
     worker: str = "rollout"
-    """Which process hosts the engine: `rollout`, a RolloutWorker (torch, the model's skeleton, real
-    tensor loads of every pulled version), or `light`, an EmulatedWorker that never imports torch
-    and verifies pulled bytes without loading them (about 50 MB per process instead of 290 MB, so
-    that 64+ instances fit on one machine). See docs/simulator.md, "Emulated engine"."""
+    """What the worker's process holds besides the engine: `rollout`, the model's skeleton (torch, real
+    tensor loads of every pulled version), or `light`, nothing: it never imports torch and verifies
+    pulled bytes without making tensors of them (about 50 MB per process instead of 290 MB, so that
+    64+ instances fit on one machine). See docs/simulator.md, "Emulated engine"."""
     check_continuation: bool = True
     """`add` refuses a resubmitted request whose partial tokens are not this emulation's tokens for
     that seed: a manager that garbled a migration fails loudly instead of silently."""
@@ -125,53 +130,13 @@ class EmulationConfig:
         return make_profiles(self.model, replace(self.profile, max_num_seqs=self.max_num_seqs))
 
 
-class InvalidRequestError(ValueError):
-    """A request the emulated engine refuses (as rlboost.engine.InvalidRequestError)."""
-
-
-class EngineStateError(RuntimeError):
-    """The engine cannot do this now: busy with requests, or asleep (as rlboost.engine.EngineStateError)."""
-
-
-# ---- what the engine hands back: its chunks and partial outputs are rlboost.engine.sequence's own
-# ---- (torch-free); SpecStats lives with the torch engine, so its counters are mirrored here
-
-@dataclass
-class SpecCounters:
-    """As rlboost.engine.engine.SpecStats; nothing is speculated, only decode_steps counts."""
-
-    verifications: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    decode_steps: int = 0
-    verify_steps: int = 0
-    verify_s: float = 0.0
-    plain_equivalent_s: float = 0.0
-
-
 # ---- content: pure functions of (seed, position) ----------------------------------------------------
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def _hash(seed: int, position: int, stream: int) -> int:
-    return _splitmix64(_splitmix64(_splitmix64(seed & _MASK64) ^ position) ^ stream)
-
-
-def _uniform(seed: int, position: int, stream: int) -> float:
-    """U(0, 1), never 0 or 1."""
-    return ((_hash(seed, position, stream) >> 11) + 0.5) / float(1 << 53)
-
 
 def token_at(seed: int, position: int, vocab: int, stops: frozenset[int] = frozenset()) -> int:
     """The emulated token at absolute position `position` (prompt included) of a request: never a
     stop id (the stop token is placed at a response's end only)."""
     span = vocab - FIRST_TOKEN
-    t = FIRST_TOKEN + _hash(seed, position, _TOKEN_STREAM) % span
+    t = FIRST_TOKEN + hash64(seed, position, _TOKEN_STREAM) % span
     while t in stops:
         t = FIRST_TOKEN + (t - FIRST_TOKEN + 1) % span
     return t
@@ -179,7 +144,7 @@ def token_at(seed: int, position: int, vocab: int, stops: frozenset[int] = froze
 
 def logprob_at(seed: int, position: int) -> float:
     """The emulated log-prob of the token at `position`: in (-4.01, -0.01]."""
-    return -(0.01 + 4.0 * _uniform(seed, position, _LOGPROB_STREAM))
+    return -(0.01 + 4.0 * uniform(seed, position, _LOGPROB_STREAM))
 
 
 def workload_seed(step: int, prompt: int, sample: int) -> int:
@@ -216,7 +181,7 @@ class ResponseLengths:
                 grid = self._steps[step] = self.work.step(step)
             length = grid[prompt][sample]
         else:
-            u = _uniform(seed, 0, _LENGTH_STREAM)
+            u = uniform(seed, 0, _LENGTH_STREAM)
             median = self.work.median(0)
             if cfg.distribution == "lognormal":
                 raw = median * math.exp(self._sigma * NormalDist().inv_cdf(u))
@@ -266,11 +231,12 @@ class _Request:
 
 class EmulatedEngine:
     """See the module docstring. `model`: a model skeleton (a torch module) that `load_weights` copies
-    pulled weights into, as the real engine does; None keeps only the version. `clock`/`sleep`: the
-    wall clock and how to wait (tests pass a fake pair)."""
+    pulled weights into, as the real engine does; None keeps only the version, and `fingerprint` says
+    which model's weights it takes. `clock`/`sleep`: the wall clock and how to wait (tests pass a fake
+    pair)."""
 
     def __init__(self, config: EmulationConfig, eos_token_ids: Iterable[int] = (), weight_version: int = 0,
-                 model=None, clock: Callable[[], float] = time.monotonic,
+                 model=None, fingerprint: str = "", clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         config.validate()
         self.config = config
@@ -280,10 +246,11 @@ class EmulatedEngine:
         self.state = _PacedState(self.profile, self.prompt_len)
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.model = model
+        self.fingerprint = weights_fingerprint(dict(model.named_parameters())) if model is not None else fingerprint
         self.weight_version = weight_version
         self.asleep = False
         self.drafter = None
-        self.spec_stats = SpecCounters()
+        self.spec_stats = SpecStats()
         self.last_step: tuple[int, bool] = (0, False)
         """(requests in the last step, whether it was a prefill), as LLMEngine.last_step."""
         self.last_decode_steps = 1
@@ -329,7 +296,7 @@ class EmulatedEngine:
         if not 0 < p0 <= len(tokens):
             raise InvalidRequestError(f"{where}: prompt_len={prompt_len} but {len(tokens)} tokens were given")
         made = len(tokens) - p0
-        seed = params.seed if params.seed is not None else _splitmix64(self.config.seed ^ next(self._seeds)) >> 1
+        seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seeds))
         stops = frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         length, truncated = self.lengths(seed)
         cap = made + params.max_tokens
@@ -455,16 +422,7 @@ class EmulatedEngine:
         self._require_idle("load_weights")
         if self.model is not None and state_dict is not None:
             params = dict(self.model.named_parameters())
-            aliases = set(self.model.state_dict()) - set(params)
-            unknown = sorted(set(state_dict) - set(params) - aliases)
-            missing = sorted(set(params) - set(state_dict))
-            if unknown or missing:
-                raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
-                                 f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
-            for name, param in params.items():
-                if tuple(state_dict[name].shape) != tuple(param.shape):
-                    raise ValueError(f"load_weights(version={version}): `{name}` has shape "
-                                     f"{tuple(state_dict[name].shape)}, the model expects {tuple(param.shape)}")
+            check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
             for name, param in params.items():
                 param.data.copy_(state_dict[name])
         self.weight_version = version
@@ -483,6 +441,30 @@ class EmulatedEngine:
                                    "unfinished; let them finish or abort() them first")
 
 
-__all__ = ["FIRST_TOKEN", "WORKER_KINDS", "EmulatedEngine", "EmulationConfig", "EngineStateError",
-           "InvalidRequestError", "ResponseLengths", "SpecCounters", "logprob_at",
-           "token_at", "workload_seed"]
+@dataclass(frozen=True)
+class EmulatedEngines:
+    """The engine factory of emulated rollout workers (`WorkerSpec.engine_factory`): each worker builds
+    an `EmulatedEngine` of `config` in its own process, on the skeleton of the spec's model when
+    `config.worker == "rollout"`, on nothing when it is "light" (then `fingerprint`, computed once by
+    the driver from the model's skeleton, says whose weights it takes)."""
+
+    config: EmulationConfig
+    fingerprint: str = ""
+
+    def __call__(self, spec) -> EmulatedEngine:
+        model = None
+        if self.config.worker == "rollout":
+            import torch
+
+            from rlboost.models.loading import load_skeleton
+
+            torch.set_num_threads(spec.num_threads)
+            model = load_skeleton(spec.model)
+        elif not self.fingerprint:
+            raise ValueError("a light emulated worker needs the fingerprint of the run's model")
+        return EmulatedEngine(self.config, spec.eos_token_ids, weight_version=-1, model=model,
+                              fingerprint=self.fingerprint)
+
+
+__all__ = ["FIRST_TOKEN", "WORKER_KINDS", "EmulatedEngine", "EmulatedEngines", "EmulationConfig", "ResponseLengths",
+           "logprob_at", "token_at", "workload_seed"]

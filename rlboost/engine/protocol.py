@@ -1,0 +1,139 @@
+"""The contract every rollout engine backend implements (DESIGN.md 2.1), as torch-free code.
+
+A rollout worker (`rlboost.hybrid.worker.RolloutWorker`) drives any engine that satisfies
+`EngineBackend`: rlboost's own `LLMEngine` (exact continuation, the HistoSpec verifier), the emulated
+engine of `rlboost.sim.emulated` (the profile's timing, no model), and any other backend built behind
+the same calls. Nothing here imports torch, so a worker process whose engine needs none never loads it.
+
+The calls and what they promise:
+- `add(request_id, prompt_token_ids, params, prompt_len=None) -> seed`: admit a request, or raise
+  `InvalidRequestError` naming it (the other requests are unaffected); `EngineStateError` while asleep.
+  `prompt_len`: how much of the ids is the original prompt when prompt + partial tokens are resubmitted.
+- `step() -> list[StreamChunk]`: run one engine step; per request at most `config.stream_interval`
+  new tokens per chunk, with their log-probs (log_softmax(logits / T), raw logits when greedy, before
+  top-k/top-p), the offset of the first and the weight version that made them. `last_step` is
+  (requests in it, whether it was a prefill); `last_decode_steps` how many decode steps it spanned.
+- `abort(request_ids) -> {request_id: PartialOutput}`: remove requests and return exactly what each
+  generated, streamed or not. Ids that finished or were never added are ignored.
+- `progress() -> {request_id: tokens generated so far}` of the unfinished requests; `has_unfinished()`,
+  `num_running`, `num_waiting`.
+- `load_weights(state, version)`: swap weights in place (a mapping of parameter name to tensor; an
+  engine without a model only takes the version) and tag them `version` (`weight_version`);
+  `sleep()` frees the KV cache, `wake()` allows it back (`asleep`). All three refuse with
+  `EngineStateError` while requests are unfinished: every token of a request comes from one version.
+- `drafter`: the speculative-decoding hook (HistoSpec's `Drafter`, or None). An engine that cannot
+  verify drafts ignores it. `spec_stats`: the speculation counters (`SpecStats`), reset by the caller.
+- `fingerprint`: names, shapes and dtypes of the weights it serves (`weights_fingerprint`): a worker
+  whose fingerprint differs from the run's is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from rlboost.engine.sampling_params import SamplingParams
+from rlboost.engine.sequence import PartialOutput, StreamChunk
+
+
+def weights_fingerprint(params: Mapping[str, object]) -> str:
+    """Names, shapes and dtypes of a model's parameters (tensors, or anything with `shape` and `dtype`):
+    two models share it iff one's weights fit the other."""
+    spec = ";".join(f"{name}:{tuple(t.shape)}:{t.dtype}" for name, t in sorted(params.items()))
+    return hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def check_weights(params: Mapping[str, object], aliases: Iterable[str], state: Mapping[str, object],
+                  version: int) -> None:
+    """Raise ValueError unless `state` fits a model whose parameters are `params` (name -> anything with
+    a `shape`; tied weights once) and whose other state names are `aliases`: every parameter given,
+    nothing unknown, every shape right. What every engine with a model checks before a swap."""
+    known = set(params) | set(aliases)
+    unknown = sorted(set(state) - known)
+    missing = sorted(set(params) - set(state))
+    if unknown or missing:
+        raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
+                         f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+    for name, param in params.items():
+        if tuple(state[name].shape) != tuple(param.shape):
+            raise ValueError(f"load_weights(version={version}): `{name}` has shape {tuple(state[name].shape)}, "
+                             f"the model expects {tuple(param.shape)}")
+
+
+class InvalidRequestError(ValueError):
+    """A request was rejected at `add`; the message names it and what was wrong."""
+
+
+class EngineStateError(RuntimeError):
+    """The engine cannot do this now (busy with requests, or asleep)."""
+
+
+@dataclass
+class SpecStats:
+    """Speculation counters: per drafted request, verifications, draft tokens and accepted ones; per
+    verification step, its time and the time plain decoding would have taken for the same tokens."""
+
+    verifications: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    decode_steps: int = 0
+    verify_steps: int = 0
+    verify_s: float = 0.0
+    plain_equivalent_s: float = 0.0
+
+    def record(self, drafted: int, accepted: int) -> None:
+        self.verifications += 1
+        self.drafted += drafted
+        self.accepted += accepted
+
+
+class Drafter(Protocol):
+    """The speculative-decoding hook (HistoSpec's drafter is one): proposes draft tokens per request,
+    learns from how many were accepted, and forgets what it built from a history that changed."""
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
+    def propose(self, request_id: str, context: Sequence[int]) -> list[int]: ...
+    def feedback(self, request_id: str, drafted: int, accepted: int) -> None: ...
+    def finish(self, request_id: str) -> None: ...
+    def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None: ...
+
+
+class EngineLimits(Protocol):
+    max_num_seqs: int
+    """Requests decoding at once: the batch capacity a worker reports to the manager."""
+    stream_interval: int
+    """Most tokens per request in one chunk."""
+
+
+@runtime_checkable
+class EngineBackend(Protocol):
+    """See the module docstring."""
+
+    config: EngineLimits
+    weight_version: int
+    asleep: bool
+    drafter: Drafter | None
+    spec_stats: SpecStats
+    last_step: tuple[int, bool]
+    last_decode_steps: int
+    fingerprint: str
+
+    def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+            prompt_len: int | None = None) -> int: ...
+    def step(self) -> list[StreamChunk]: ...
+    def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]: ...
+    def progress(self) -> dict[str, int]: ...
+    def has_unfinished(self) -> bool: ...
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    def load_weights(self, state: Mapping[str, object] | None, version: int) -> None: ...
+    def sleep(self) -> None: ...
+    def wake(self) -> None: ...
+
+
+__all__ = ["Drafter", "EngineBackend", "EngineLimits", "EngineStateError", "InvalidRequestError", "SpecStats",
+           "check_weights", "weights_fingerprint"]
