@@ -1,88 +1,104 @@
-"""The `rlboost` command.
+"""The `rlboost` command: the one entry point.
 
-    rlboost bench engine [--json PATH] [--model M] [--batch B] [--prompt-len P] [--new-tokens N] [--device D]
-    rlboost bench hybrid [--json PATH] [--preemptible N] [--kills K] [--max-tokens T] ...
-    rlboost bench spec [--json PATH] [--model M] [--batches 1,8,32] [--temperatures 1.0,0.6] ...
-    rlboost bench weights [--json PATH] [--model M] [--workers 1,2,4] [--bucket-mb MB]
-    rlboost bench histopipe [--json PATH] [--model M] [--engines 8,16] [--slots 32,64,128] [--alternate]
-    rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
-    rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--json PATH] [--plots DIR]
     rlboost train [CONFIG.yaml] [key=value ...]
+    rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--json PATH] [--plots DIR]
+    rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
+    rlboost bench NAME [--json PATH] [--<field> VALUE ...]   (NAME: see `rlboost bench --help`)
+
+A bench's flags are its config dataclass's fields (`rlboost/bench/<name>.py`), documented there; lists
+are comma-separated (`--batches 1,8,32`), booleans `--flag` / `--no-flag`. Nothing heavy is imported to
+parse a command: a bench's module is loaded only when that bench runs or shows its help.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import importlib
+import inspect
 import json
 import sys
+import typing
 from pathlib import Path
 
 from rich.console import Console
 
 console = Console()
 
+BENCHES: dict[str, tuple[str, str, str]] = {
+    # name: (module under rlboost.bench, what it measures, status line while it runs)
+    "engine": ("engine", "engine decode throughput vs HF generate and the roofline",
+               "benchmarking: engine, HF generate and the hardware roofline take turns..."),
+    "hybrid": ("hybrid", "one rollout step colocated vs hybrid (Ray workers, real SIGKILLs)",
+               "benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs..."),
+    "spec": ("spec", "HistoSpec vs plain decoding on repeated prompts, before and after GRPO steps",
+             "benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO steps..."),
+    "weights": ("weights", "instances joining together: provisioning time vs the transfer floor",
+                "benchmarking: bare fetches, then instances joining and pulling, for each pool size..."),
+    "histopipe": ("histopipe", "a rollout step's tail with and without HistoPipe's order (H100 profile)",
+                  "benchmarking: each step in the dataset's order, then in HistoPipe's..."),
+    "calibration": ("calibration", "the simulator's H100 profile: its fit to veRL and its tables",
+                    "computing the calibration tables..."),
+    "emulation": ("emulation", "simulated vs emulated steps: the simulator against the real control plane",
+                  "running the real runtime on emulated engines, then the simulator..."),
+    "control-plane": ("control_plane", "the rollout manager's loop CPU per step at 4 / 16 / 64 emulated instances",
+                      "running the real runtime on emulated instances..."),
+}
 
-def _bench_engine(args: argparse.Namespace) -> int:
-    from rlboost.bench.engine import EngineBenchConfig, bench_engine, render
 
-    cfg = EngineBenchConfig(model=args.model, batch=args.batch, prompt_len=args.prompt_len,
-                            new_tokens=args.new_tokens, device=args.device, dtype=args.dtype, repeats=args.repeats,
-                            hf_baseline=not args.no_hf, compare_cpu_linear=args.compare_cpu_linear)
-    status = f"benchmarking: engine, HF generate and the hardware roofline take turns, {cfg.repeats} rounds..."
-    return _run_bench(status, bench_engine, cfg, render, args.json)
+def _bench_parts(name: str):
+    """(config class, bench function, render) of bench `name`: its module's `*BenchConfig`,
+    `bench_*` and `render`."""
+    module = importlib.import_module(f"rlboost.bench.{BENCHES[name][0]}")
+    config = next(obj for key, obj in vars(module).items() if key.endswith("BenchConfig") and inspect.isclass(obj))
+    run = next(obj for key, obj in vars(module).items() if key.startswith("bench_") and callable(obj))
+    return config, run, module.render
 
 
-def _run_bench(status: str, bench, cfg, render, json_path: str | None) -> int:
-    """Run a benchmark under a status line, print its table, and write its JSON if asked."""
-    with console.status(status):
-        result = bench(cfg)
-    console.print(render(result))
-    if json_path:
-        path = Path(json_path)
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a dataclass (its documentation in the source)."""
+    docs: dict[str, str] = {}
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def _add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """One flag per field of the config dataclass `cls`, with its default and its documentation."""
+    hints, docs = typing.get_type_hints(cls), _field_docs(cls)
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        flag, kind, default = f"--{f.name.replace('_', '-')}", hints[f.name], getattr(defaults, f.name)
+        help_text = f"{docs.get(f.name, '')} (default: {default})".strip()
+        help_text = help_text.replace("%", "%%")
+        if kind is bool:
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        elif typing.get_origin(kind) is list:
+            item = typing.get_args(kind)[0]
+            parser.add_argument(flag, dest=f.name, default=default, help=help_text,
+                                type=lambda text, item=item: [item(x) for x in text.split(",") if x.strip()])
+        else:
+            parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    config_class, run, render = _bench_parts(args.what)
+    cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
+    kwargs = {"log": console.log} if "log" in inspect.signature(run).parameters else {}
+    with console.status(BENCHES[args.what][2]):
+        result = run(cfg, **kwargs)
+    output = render(result)
+    console.print(output, markup=False) if isinstance(output, str) else console.print(output)
+    if args.json:
+        path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
         console.print(f"wrote {path}")
     return 0
-
-
-def _bench_hybrid(args: argparse.Namespace) -> int:
-    from rlboost.bench.hybrid import HybridBenchConfig, bench_hybrid, render
-
-    cfg = HybridBenchConfig(model=args.model, prompts=args.prompts, n=args.n, max_tokens=args.max_tokens,
-                            preemptible=args.preemptible, kills=args.kills, seed_window_s=args.seed_window_s,
-                            stream_interval=args.stream_interval, seed=args.seed)
-    return _run_bench("benchmarking: colocated, then hybrid undisturbed, then hybrid with SIGKILLs...",
-                      bench_hybrid, cfg, render, args.json)
-
-
-def _bench_weights(args: argparse.Namespace) -> int:
-    from rlboost.bench.weights import WeightsBenchConfig, bench_weights, render
-
-    cfg = WeightsBenchConfig(model=args.model, workers=[int(n) for n in args.workers.split(",")],
-                             bucket_mb=args.bucket_mb)
-    return _run_bench("benchmarking: bare fetches, then instances joining and pulling, for each pool size...",
-                      bench_weights, cfg, render, args.json)
-
-
-def _bench_spec(args: argparse.Namespace) -> int:
-    from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
-
-    cfg = SpecBenchConfig(model=args.model, prompts=args.prompts, max_tokens=args.max_tokens,
-                          batches=[int(b) for b in args.batches.split(",")],
-                          temperatures=[float(t) for t in args.temperatures.split(",")],
-                          history_samples=args.history_samples, train_steps=args.train_steps, seed=args.seed)
-    return _run_bench("benchmarking: history rollout, then plain and HistoSpec take turns, before and after GRPO "
-                      "steps...", bench_spec, cfg, render, args.json)
-
-
-def _bench_histopipe(args: argparse.Namespace) -> int:
-    from rlboost.bench.histopipe import HistoPipeBenchConfig, bench_histopipe, render
-
-    cfg = HistoPipeBenchConfig(model=args.model, engines=[int(n) for n in args.engines.split(",")],
-                               slots=[int(n) for n in args.slots.split(",")], steps=args.steps,
-                               alternate=args.alternate, seed=args.seed)
-    return _run_bench("benchmarking: each step in the dataset's order, then in HistoPipe's...",
-                      bench_histopipe, cfg, render, args.json)
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -170,74 +186,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
+    """The command's parser; the flags of bench `bench` only (its module is imported for them)."""
     parser = argparse.ArgumentParser(prog="rlboost", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
-    from rlboost.bench.engine import EngineBenchConfig
-
-    defaults = EngineBenchConfig()
-    bench = commands.add_parser("bench", help="benchmarks").add_subparsers(dest="what", required=True)
-    engine = bench.add_parser("engine", help="engine decode throughput vs HF generate and the roofline")
-    engine.add_argument("--model", default=defaults.model, help="model.path to benchmark (default: the bundled SmolLM2)")
-    engine.add_argument("--batch", type=int, default=defaults.batch)
-    engine.add_argument("--prompt-len", type=int, default=defaults.prompt_len)
-    engine.add_argument("--new-tokens", type=int, default=defaults.new_tokens)
-    engine.add_argument("--device", default=defaults.device)
-    engine.add_argument("--dtype", default=defaults.dtype, choices=["float32", "bfloat16", "float16"])
-    engine.add_argument("--repeats", type=int, default=defaults.repeats, help="interleaved rounds; medians are reported")
-    engine.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline")
-    engine.add_argument("--compare-cpu-linear", action="store_true",
-                        help="on CPU, also time engine.cpu_linear=torch (F.linear) in the same run")
-    engine.add_argument("--json", help="write the results to this JSON file")
-    engine.set_defaults(func=_bench_engine)
-
-    from rlboost.bench.hybrid import HybridBenchConfig
-
-    hdefaults = HybridBenchConfig()
-    hybrid = bench.add_parser("hybrid", help="one rollout step colocated vs hybrid (Ray workers, real SIGKILLs)")
-    for name, value in vars(hdefaults).items():
-        hybrid.add_argument(f"--{name.replace('_', '-')}", type=type(value), default=value)
-    hybrid.add_argument("--json", help="write the results to this JSON file")
-    hybrid.set_defaults(func=_bench_hybrid)
-
-    from rlboost.bench.spec import SpecBenchConfig
-
-    sdefaults = SpecBenchConfig()
-    spec = bench.add_parser("spec", help="HistoSpec vs plain decoding on repeated prompts, before and after GRPO steps")
-    spec.add_argument("--model", default=sdefaults.model)
-    spec.add_argument("--prompts", type=int, default=sdefaults.prompts)
-    spec.add_argument("--max-tokens", type=int, default=sdefaults.max_tokens)
-    spec.add_argument("--batches", default=",".join(map(str, sdefaults.batches)), help="comma-separated batch sizes")
-    spec.add_argument("--temperatures", default=",".join(map(str, sdefaults.temperatures)))
-    spec.add_argument("--history-samples", type=int, default=sdefaults.history_samples)
-    spec.add_argument("--train-steps", type=int, default=sdefaults.train_steps)
-    spec.add_argument("--seed", type=int, default=sdefaults.seed)
-    spec.add_argument("--json", help="write the results to this JSON file")
-    spec.set_defaults(func=_bench_spec)
-
-    from rlboost.bench.weights import WeightsBenchConfig
-
-    wdefaults = WeightsBenchConfig()
-    weights = bench.add_parser("weights", help="instances joining together: provisioning time vs the transfer floor")
-    weights.add_argument("--model", default=wdefaults.model)
-    weights.add_argument("--workers", default=",".join(map(str, wdefaults.workers)), help="comma-separated pool sizes")
-    weights.add_argument("--bucket-mb", type=float, default=wdefaults.bucket_mb)
-    weights.add_argument("--json", help="write the results to this JSON file")
-    weights.set_defaults(func=_bench_weights)
-
-    from rlboost.bench.histopipe import HistoPipeBenchConfig
-
-    pdefaults = HistoPipeBenchConfig()
-    pipe = bench.add_parser("histopipe", help="a rollout step's tail with and without HistoPipe's order (H100 profile)")
-    pipe.add_argument("--model", default=pdefaults.model)
-    pipe.add_argument("--engines", default=",".join(map(str, pdefaults.engines)), help="comma-separated engine counts")
-    pipe.add_argument("--slots", default=",".join(map(str, pdefaults.slots)), help="comma-separated slots per engine")
-    pipe.add_argument("--steps", type=int, default=pdefaults.steps)
-    pipe.add_argument("--alternate", action="store_true", help="odd steps shortest first")
-    pipe.add_argument("--seed", type=int, default=pdefaults.seed)
-    pipe.add_argument("--json", help="write the results to this JSON file")
-    pipe.set_defaults(func=_bench_histopipe)
+    benches = commands.add_parser("bench", help="benchmarks: ours and its baseline measured in one run")
+    which = benches.add_subparsers(dest="what", required=True, metavar="NAME")
+    for name, (_, what, _) in BENCHES.items():
+        sub = which.add_parser(name, help=what, description=what)
+        if name == bench:
+            _add_config_arguments(sub, _bench_parts(name)[0])
+        sub.add_argument("--json", help="write the results to this JSON file")
+        sub.set_defaults(func=_bench)
 
     sim = commands.add_parser("simulate", help="simulated runs at cluster scale: every policy, model and trace segment")
     sim.add_argument("config", nargs="?", help="YAML of SimConfig fields (optional)")
@@ -268,7 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    bench = argv[1] if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES else None
+    args = build_parser(bench).parse_args(argv)
     if getattr(args, "config", None) and "=" in args.config:  # `rlboost train key=value` with no YAML
         args.overrides.insert(0, args.config)
         args.config = None

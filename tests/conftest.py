@@ -1,6 +1,9 @@
-"""Shared fixtures: tiny models of each family, the bundled SmolLM2, and HF references to compare with."""
+"""Shared fixtures: tiny models of each family, the bundled SmolLM2, HF references to compare with, and
+a safety net that ends any Ray a test module leaves running."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -20,6 +23,22 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip_slow)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_ray_left_behind():
+    """Whatever a module's tests and fixtures do, Ray and the node processes they started end with the
+    module, even when a fixture failed before its own teardown could run: one failure must never make
+    the next module find "ray.init() was already called"."""
+    yield
+    if "ray" in sys.modules:
+        import ray
+
+        from rlboost.hybrid.ray_setup import kill_leftover_nodes
+
+        kill_leftover_nodes()
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 @pytest.fixture(params=TINY_FAMILIES)

@@ -1,18 +1,28 @@
 """Shared by the hybrid tests: a local fleet of tiny-model workers, a greedy workload, its reference
-outputs from a plain in-process engine, and the invariant checks every hybrid test runs."""
+outputs from a plain in-process engine, faults scripted at exact events of a step, and the invariant
+checks every hybrid test runs.
+
+These tests use real processes, real Ray and real kills, so some waits are unavoidable. None decides
+a result: a fault fires when the step reaches a state (a token count, a hand-off), not after a
+sleep, and every limit on how long something may take (a worker's boot, a stalled step) is a
+`patience` that grows with what the machine is doing beside the test."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, StepRun
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle
+from rlboost.hybrid.manager import RolloutManager
+from rlboost.hybrid.step_run import StepRun
 from rlboost.hybrid.worker import WorkerSpec, read_ledger
 from rlboost.models import ModelConfig, load_model
 from rlboost.rollout import new_groups
@@ -22,8 +32,20 @@ ENGINE = EngineConfig(device="cpu", max_num_seqs=16, stream_interval=4)
 MAX_TOKENS = 256
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 NUM_PROMPTS, N = 16, 4
-STEP_LIMIT_S = 120.0
+STALL_S = 60.0
+"""A step that makes no progress (no token arrives) for this long, times the machine's load, is hung."""
 STEPS = itertools.count(1)  # each step's sample uids differ, so a worker's ledger tells steps apart
+
+
+def load_factor() -> float:
+    """How much slower than an idle machine things may run now: the runnable processes per core over
+    the last minute (at least 1)."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
+def patience(seconds: float) -> float:
+    """A limit of `seconds` on an idle machine, stretched by the load beside the test."""
+    return seconds * 2 * load_factor()
 
 
 class Row:
@@ -50,43 +72,107 @@ def weights() -> dict:
 
 
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[Fleet, dict]:
+    """A fleet of 1 reserved and `num_preemptible` workers serving version 0; shut down again if any
+    part of it fails to start, so a failure never leaves Ray running for the tests after it."""
+    cfg.setdefault("call_timeout_s", patience(120))
     hybrid = HybridConfig(num_preemptible=num_preemptible, ledger_dir=str(tmp / "ledgers"), **cfg)
     # frequent heartbeats leave a wide margin under the short timeouts some tests set
     spec = dataclasses.replace(WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25),
                                **(spec_overrides or {}))
     fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
-    state = weights()
-    fleet.publish(state, version=0)
-    fleet.start(RESERVED, 1)
-    fleet.start(PREEMPTIBLE, num_preemptible)
-    fleet.wait_ready()
+    try:
+        state = weights()
+        fleet.publish(state, version=0)
+        fleet.start(RESERVED, 1)
+        fleet.start(PREEMPTIBLE, num_preemptible)
+        fleet.wait_ready(timeout_s=patience(120))
+    except BaseException:
+        fleet.shutdown()
+        raise
     return fleet, state
 
 
-def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, kills=(), how: str | None = None, version: int = 0):
-    """One step of the workload; `kills` = [(seconds after start, index among live preemptible)]
-    hard-kills at those moments. Returns (groups in arrival order, the StepRun)."""
+Fault = tuple[Callable[[StepRun], bool], Callable[[StepRun], None]]
+"""(when, what): `what(run)` is done once, as soon as `when(run)` holds. Both run in the test's thread
+while the step's loop changes what they read, so they read copies (`list(d.items())`, made in one
+piece by C code under the GIL), never iterate a live dict in Python."""
+
+
+def after_tokens(worker: Callable[[StepRun], str | None], tokens: int) -> Callable[[StepRun], bool]:
+    """When the worker `worker(run)` names has streamed at least `tokens` tokens in the step."""
+    return lambda run: (name := worker(run)) is not None and run.stats.tokens_by_worker[name] >= tokens
+
+
+def preemptible(index: int) -> Callable[[StepRun], str | None]:
+    """The `index`-th preemptible worker of the step (by name), once the step knows it."""
+    def name(run: StepRun) -> str | None:
+        names = sorted(n for n, w in list(run.state.workers.items()) if w.kind == PREEMPTIBLE)
+        return names[index] if index < len(names) else None
+    return name
+
+
+def busiest(run: StepRun) -> str | None:
+    """The live preemptible worker holding the most samples, once one holds any after the hand-off."""
+    if not run.stats.migrated["seed_handoff"] and run.state.seeding:
+        return None
+    held = {n: len(w.assigned) for n, w in list(run.state.workers.items()) if w.kind == PREEMPTIBLE and w.alive}
+    return max(sorted(held), key=held.get) if held and max(held.values()) > 0 else None
+
+
+def handed_off(run: StepRun) -> bool:
+    return run.stats.migrated["seed_handoff"] > 0 and not run.state.seeding
+
+
+def kill(fleet: Fleet, worker: Callable[[StepRun], str | None], how: str | None = None) -> Callable[[StepRun], None]:
+    def act(run: StepRun) -> None:
+        fleet.preempt(fleet.manager.workers[worker(run)], how)
+    return act
+
+
+def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, faults: list[Fault] = (), version: int = 0):
+    """One step of the workload with `faults` scripted at exact events. Returns (groups in arrival
+    order, the StepRun). A step with no progress for `patience(STALL_S)` is cancelled: a hang fails
+    the test instead of blocking the suite."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
     run = fleet.manager.start_step(groups, GREEDY, version=version, seed_window_s=seed_window_s)
+    done = threading.Event()
 
-    def chaos():
-        t0 = time.monotonic()
-        for at, index in kills:
-            time.sleep(max(0.0, at - (time.monotonic() - t0)))
-            victims = fleet.killable()
-            if victims:
-                fleet.preempt(victims[index % len(victims)], how)
+    def script():
+        pending = list(faults)
+        while pending and not done.is_set():
+            for fault in [f for f in pending if f[0](run)]:
+                pending.remove(fault)
+                fault[1](run)
+            time.sleep(0.002)
 
-    killer = threading.Thread(target=chaos, daemon=True)
-    killer.start()
-    watchdog = threading.Timer(STEP_LIMIT_S, run._cancelled.set)  # a hang fails the test instead
-    watchdog.start()
+    def watchdog():
+        seen, since = -1, time.monotonic()
+        while not done.wait(0.5):
+            progress = sum(run.stats.received.values())
+            if progress != seen:
+                seen, since = progress, time.monotonic()
+            elif time.monotonic() - since > patience(STALL_S):
+                run._cancelled.set()
+                return
+
+    threads = [threading.Thread(target=script, daemon=True), threading.Thread(target=watchdog, daemon=True)]
+    for t in threads:
+        t.start()
     try:
         out = list(run.groups())
     finally:
-        watchdog.cancel()
-    killer.join()
+        done.set()
+        for t in threads:
+            t.join()
+    run.wait()
     return out, run
+
+
+def refill(fleet: Fleet) -> None:
+    """Back to the configured pool, every instance serving the current version."""
+    fleet.replenish()
+    fleet.wait_ready(timeout_s=patience(120))
+    assert len(fleet.manager.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
 def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, version: int = 0) -> None:
@@ -113,3 +199,7 @@ def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, ver
 def key(uid: str) -> str:
     """`group:sample` of a `step:group:sample` uid."""
     return uid.split(":", 1)[1]
+
+
+__all__ = ["ENGINE", "MODEL", "WorkerHandle", "after_tokens", "busiest", "check_invariants", "handed_off", "kill",
+           "load_factor", "patience", "preemptible", "reference", "refill", "run_step", "start_fleet"]

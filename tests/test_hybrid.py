@@ -1,19 +1,20 @@
-"""Hybrid rollout with real processes and real kills (SIGKILL of worker processes): every sample
-finishes exactly once, on-policy, as the exact continuation of its tokens, with bounded waste; a
-fenced worker's late tokens are dropped; the step finishes without preemptible workers at all."""
+"""Hybrid rollout with real processes and real kills (SIGKILL of worker processes), each fault fired at
+an exact event of the step (a worker's token count, the hand-off): every sample finishes exactly
+once, on-policy, as the exact continuation of its tokens, with bounded waste; a fenced or frozen
+worker's late tokens are dropped; the step finishes without preemptible workers at all. The step's
+decisions themselves are tested without Ray in test_step_state.py."""
 
 from __future__ import annotations
 
 import os
 import random
 import signal
-import threading
-import time
 
 import pytest
 
-from hybrid_util import check_invariants, reference, run_step, start_fleet
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED
+from hybrid_util import (after_tokens, busiest, check_invariants, handed_off, kill, patience, preemptible, reference,
+                         refill, run_step, start_fleet)
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +31,6 @@ def fleet(tmp_path_factory):
     fleet.shutdown()
 
 
-def refill(fleet) -> None:
-    fleet.replenish()
-    fleet.wait_ready()
-    assert len(fleet.manager.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
-
-
 def test_unkilled_step_matches_the_single_engine(fleet, ref):
     from rlboost.hybrid.ray_setup import non_loopback_listeners
 
@@ -50,9 +45,11 @@ def test_unkilled_step_matches_the_single_engine(fleet, ref):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sigkilled_workers_lose_no_sample(fleet, ref, seed):
+    # two instances killed once each has streamed a (seeded) number of tokens
     rng = random.Random(seed)
-    kills = sorted((rng.uniform(0.35, 0.9), rng.randrange(3)) for _ in range(2))
-    out, run = run_step(fleet, kills=kills)
+    victims = rng.sample(range(3), 2)
+    faults = [(after_tokens(preemptible(i), rng.randrange(8, 200)), kill(fleet, preemptible(i))) for i in victims]
+    out, run = run_step(fleet, faults=faults)
     check_invariants(out, run, ref, fleet.tmp / "ledgers")
     assert run.stats.preemptions == 2 and run.stats.migrated["preempted"] > 0, run.stats
     assert run.stats.in_flight_at_preemption > 0
@@ -61,44 +58,43 @@ def test_sigkilled_workers_lose_no_sample(fleet, ref, seed):
 
 
 def test_a_fenced_worker_cannot_contribute(fleet, ref):
-    # fence a live, busy preemptible worker right after the hand-off; it keeps generating and streaming
-    def fence_one():
-        time.sleep(0.5)
-        busiest = max(fleet.manager.alive(PREEMPTIBLE), key=lambda h: len(h.assigned))
-        fleet.manager.fence(busiest.name, "test: declared dead while alive")
+    # fence the busiest instance once it has streamed 16 tokens after the hand-off; it keeps streaming
+    fenced = {}
 
-    threading.Thread(target=fence_one, daemon=True).start()
-    out, run = run_step(fleet)
+    def fence(run):
+        fenced["name"] = busiest(run)
+        fleet.manager.fence(fenced["name"], "test: declared dead while alive")
+
+    out, run = run_step(fleet, faults=[(lambda run: (b := busiest(run)) and after_tokens(lambda _: b, 16)(run), fence)])
     check_invariants(out, run, ref)
     assert run.stats.fenced_tokens_dropped > 0  # it did send more, and all of it was dropped
-    fenced = [h for h in fleet.manager.workers.values() if not h.alive]
-    assert len(fenced) == 1 and fenced[0].stream is not None  # still streaming when the step ended
+    dead = [h for h in fleet.manager.handles() if not h.alive]
+    assert [h.name for h in dead] == [fenced["name"]] and dead[0].stream is not None  # still streaming
     refill(fleet)
 
 
 def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
-    """SIGSTOP freezes a busy worker: Ray still counts it alive and its stream just goes quiet. Missed
-    heartbeats and an unanswered ping get it declared dead; SIGCONT right after lets it stream again,
+    """SIGSTOP freezes a busy instance: Ray still counts it alive and its stream just goes quiet. Missed
+    heartbeats and an unanswered ping get it declared dead; SIGCONT once it is lets it stream again,
     and all of it is dropped."""
     cfg = fleet.manager.cfg
     saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, 1.6
     frozen = {}
 
-    def freeze_then_thaw():
-        time.sleep(0.5)
-        frozen["h"] = h = max(fleet.manager.alive(PREEMPTIBLE), key=lambda h: len(h.assigned))
-        os.kill(h.pid, signal.SIGSTOP)
-        while h.alive:
-            time.sleep(0.01)
-        os.kill(h.pid, signal.SIGCONT)
+    def freeze(run):
+        frozen["h"] = fleet.manager.workers[busiest(run)]
+        os.kill(frozen["h"].pid, signal.SIGSTOP)
 
-    thread = threading.Thread(target=freeze_then_thaw, daemon=True)
-    thread.start()
+    def thaw(run):
+        os.kill(frozen["h"].pid, signal.SIGCONT)
+
     try:
-        out, run = run_step(fleet)
+        out, run = run_step(fleet, faults=[(lambda run: busiest(run) is not None, freeze),
+                                           (lambda run: "h" in frozen and not frozen["h"].alive, thaw)])
     finally:
-        thread.join()
         cfg.heartbeat_timeout_s = saved
+        if "h" in frozen:
+            os.kill(frozen["h"].pid, signal.SIGCONT)
     check_invariants(out, run, ref)
     [(_, name, reason)] = run.stats.deaths
     assert name == frozen["h"].name and reason.startswith("no sign of life"), run.stats.deaths
@@ -107,9 +103,10 @@ def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
 
 
 def test_all_preemptible_workers_dying_mid_step(fleet, ref):
-    out, run = run_step(fleet, kills=[(0.5, 0), (0.5, 0), (0.5, 0)])
+    kill_all = (handed_off, lambda run: [fleet.preempt(h) for h in fleet.killable()])
+    out, run = run_step(fleet, faults=[kill_all])
     check_invariants(out, run, ref, fleet.tmp / "ledgers")
-    assert run.stats.preemptions == 3
+    assert run.stats.preemptions == 3 and run.stats.fallback
     assert run.stats.tokens_by_kind[RESERVED] > 0  # the reserved worker took the work back
     refill(fleet)
 
@@ -128,10 +125,10 @@ def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
         assert run.stats.tokens_by_worker[stale.name] == 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
     finally:
         os.kill(stale.pid, signal.SIGCONT)
-    fleet.wait_ready()
+    fleet.wait_ready(timeout_s=patience(120))
     assert stale.version == 1 and stale.checksum == fleet.manifest.checksum
     fleet.publish(fleet.weights, version=0)  # back to version 0 for the other tests
-    fleet.wait_ready()
+    fleet.wait_ready(timeout_s=patience(120))
 
 
 def test_zero_preemptible_workers(fleet, ref):
@@ -151,81 +148,36 @@ def test_zero_preemptible_workers(fleet, ref):
     refill(fleet)
 
 
+def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, ref, monkeypatch):
+    """The trainer stops reading after its last group (it never resumes the generator), and the
+    controller reads the step's timings right then: they must be final, whatever the loop thread is
+    still doing. The loop is held up after it handed out the last group to make the race certain."""
+    from rlboost.hybrid.step_run import StepRun
 
-def test_the_gated_loop_decides_as_an_ungated_one(fleet, ref, monkeypatch):
-    """The loop skips the dispatcher and the balancer while nothing they read has changed since they
-    last did nothing. Before each of its turns this asks both, ungated, what they would decide on the
-    same state, and checks the loop does exactly that: in an undisturbed step (whose tail rebalances),
-    then through a fence, a notice and a kill that leave the work to the reserved worker."""
-    from rlboost.hybrid.manager import StepRun
-    from rlboost.policies import WorkerLoad
+    collect = StepRun._collect_answers
+    held = []
 
-    def ungated_loads(run):
-        loads = []
-        for h in run.m.alive():
-            if run._eligible(h):
-                running = min(len(h.assigned), h.max_running)
-                loads.append(WorkerLoad(h.name, running, len(h.assigned) - running, h.max_running))
-        return loads
+    def slow_collect(run):
+        collect(run)
+        if len(run.tracked) == sum(t.state.name == "FINISHED" for t in list(run.tracked.values())) and not held:
+            held.append(True)
+            import time
 
-    def record(obj, name, calls):
-        method = getattr(type(obj), name)
+            time.sleep(1.0)  # the loop thread lags behind the trainer
 
-        def recorded(*args):
-            calls.append(method(obj, *args))
-            return calls[-1]
-        monkeypatch.setattr(obj, name, recorded)
+    monkeypatch.setattr(StepRun, "_collect_answers", slow_collect)
+    from hybrid_util import GREEDY, N, STEPS, prompts
+    from rlboost.rollout import new_groups
 
-    assigned, balanced = [], []
-    record(fleet.manager.dispatcher, "assign", assigned)
-    record(fleet.manager.balancer, "rebalance", balanced)
-    count = {"dispatch": 0, "dispatch skipped": 0, "balance": 0, "balance skipped": 0}
-    dispatch, rebalance = StepRun._dispatch, StepRun._rebalance
-
-    def checked_dispatch(run):
-        before, calls = list(run.pending), len(assigned)
-        if not before or not ungated_loads(run):  # the ungated loop first let reserved workers back in
-            dispatch(run)
-            assert not run.pending or ungated_loads(run)
-            return
-        expected = run.m.dispatcher.assign(before, ungated_loads(run))
-        del assigned[calls:]
-        dispatch(run)
-        assert {uid: run.tracked[uid].worker for uid in set(before) - set(run.pending)} == expected
-        count["dispatch"] += 1
-        count["dispatch skipped"] += len(assigned) == calls
-
-    def checked_rebalance(run):
-        expected, calls, free = [], len(balanced), not run.pending and not run._aborts
-        if free:
-            plateaus = {h.name: h.profile._compute_plateau() for h in run.m.alive()}  # no cache
-            expected = run.m.balancer.rebalance(ungated_loads(run), plateaus)
-            del balanced[calls:]
-            count["balance"] += 1
-        rebalance(run)
-        assert (balanced[calls] if len(balanced) > calls else []) == expected
-        count["balance skipped"] += free and len(balanced) == calls
-
-    monkeypatch.setattr(StepRun, "_dispatch", checked_dispatch)
-    monkeypatch.setattr(StepRun, "_rebalance", checked_rebalance)
-
-    out, run = run_step(fleet)  # undisturbed: the tail leaves instances idle next to busy ones
-    check_invariants(out, run, ref)
-
-    def fence_then_notice():
-        time.sleep(0.4)
-        live = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)
-        fleet.manager.fence(live[0].name, "test: fenced")
-        time.sleep(0.2)
-        fleet.manager.notice(live[1].name, 1.0)
-
-    thread = threading.Thread(target=fence_then_notice, daemon=True)
-    thread.start()
-    out, run = run_step(fleet, kills=[(0.9, 1)])  # the third instance: the reserved worker takes the rest back
-    thread.join()
-    check_invariants(out, run, ref)
-    assert count["dispatch skipped"] > 0 and count["balance skipped"] > 0, count
-    for h in fleet.manager.alive(PREEMPTIBLE):
-        if h.noticed:
-            fleet.preempt(h)
-    refill(fleet)
+    groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
+    run = fleet.manager.start_step(groups, GREEDY, version=0, seed_window_s=0.3)
+    stream = run.groups()
+    got = [next(stream) for _ in groups]  # as the trainer reads: exactly as many as there are groups
+    stats = run.stats
+    assert stats.rollout_s > 0 and stats.remote_start_s is not None and stats.rollout_s >= stats.remote_start_s
+    assert stats.tail_s >= 0 and stats.seed_s > 0
+    remote_s, waited = run.state.remote_timings(end=run.t0 + stats.rollout_s + 0.5)
+    assert remote_s >= 0 and waited == pytest.approx(0.5)
+    run.wait()
+    assert run.loop_cpu_s > 0 and not run.thread.is_alive()
+    check_invariants(got, run, ref)

@@ -24,7 +24,8 @@ from rich.table import Table
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
 from rlboost.rollout import new_groups, run_colocated

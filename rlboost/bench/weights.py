@@ -21,7 +21,8 @@ from rich.table import Table
 from rlboost.engine import EngineConfig
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import MANY, Fleet
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.ray_setup import add_node
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model

@@ -1,13 +1,68 @@
-"""Hybrid rollout configuration (`rollout.hybrid.*`): workers, the seeding window, balancing, liveness."""
+"""Hybrid rollout configuration (`rollout.hybrid.*`): workers, the seeding window, balancing, liveness,
+the weight store and Ray's security settings. Plain dataclasses: importing them loads neither Ray nor
+torch, so a config can be read and checked anywhere."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 
-from rlboost.hybrid.ray_setup import RaySecurityConfig
-from rlboost.hybrid.weights import WeightsConfig
 from rlboost.policies.offload import OffloadConfig
 from rlboost.spot.trace import TraceConfig
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class WeightsConfig:
+    bucket_mb: float = 64.0
+    """Size of one published bucket; a bucket is the unit of transfer and of checksumming."""
+    pull_timeout_s: float = 120.0
+    """A pull that has not completed in this long fails (the worker is retried or dropped)."""
+    pull_retries: int = 2
+    """Failed pulls retried per worker and version before the worker is dropped."""
+
+    def validate(self) -> None:
+        if self.bucket_mb <= 0:
+            raise ValueError(f"rollout.hybrid.weights.bucket_mb must be > 0, got {self.bucket_mb}")
+        if self.pull_timeout_s <= 0:
+            raise ValueError(f"rollout.hybrid.weights.pull_timeout_s must be > 0, got {self.pull_timeout_s}")
+        if self.pull_retries < 0:
+            raise ValueError(f"rollout.hybrid.weights.pull_retries must be >= 0, got {self.pull_retries}")
+
+
+@dataclass
+class RaySecurityConfig:
+    auth_token: bool = True
+    """Ray token authentication: every call to a Ray server must carry the cluster's token (a random
+    one per run unless RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH names one). Off only for debugging."""
+    bind_host: str = LOOPBACK
+    """The IP address of the local Ray node. 127.0.0.1 (the default) keeps every Ray server on the
+    loopback interface; change only to run across machines: any other address is the one Ray
+    advertises, and its servers then listen on all interfaces (Ray cannot bind a single external IP)."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the offending field."""
+        if not isinstance(self.auth_token, bool):
+            raise ValueError(f"rollout.hybrid.ray.auth_token must be true or false, got {self.auth_token!r}")
+        try:
+            ip = ipaddress.ip_address(str(self.bind_host))
+        except ValueError:
+            raise ValueError(f"rollout.hybrid.ray.bind_host must be an IP address (Ray takes no host names), "
+                             f"got {self.bind_host!r}") from None
+        if ip.is_unspecified:
+            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r} is not an address other machines "
+                             f"can reach; give this machine's IP (Ray then listens on all interfaces) "
+                             f"or {LOOPBACK}")
+        if ip.is_loopback and str(ip) != LOOPBACK:
+            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r}: Ray keeps its servers on the "
+                             f"loopback interface only for {LOOPBACK}; use that")
+
+    @property
+    def loopback(self) -> bool:
+        return self.bind_host == LOOPBACK
+
+
 
 INSTANCE_KINDS = ("processes", "nodes")
 PREEMPT_WITH = ("sigkill", "node")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import random
 import signal
 import threading
 import time
@@ -21,10 +20,12 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid import weights as weight_store
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, WorkerHandle, first_line
+from rlboost.hybrid.config import HybridConfig
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
+from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.ray_setup import kill_node_process, start_local_cluster, start_local_ray, start_node_process
+from rlboost.hybrid.wire import WeightManifest
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
@@ -53,10 +54,10 @@ class Fleet:
         self.released: set[str] = set()
         self.lifetimes: dict[str, list[float]] = {}
         """Instance name -> [launch time, end time or inf]: what a cloud bills."""
-        self.manifest: weight_store.WeightManifest | None = None
+        self.manifest: WeightManifest | None = None
         self.boot_failures: list[str] = []
         self._stopping = False
-        manager.pull_timeout_s, manager.pull_retries = cfg.weights.pull_timeout_s, cfg.weights.pull_retries
+        manager.on_retire = self._retire
         if ray.is_initialized():
             raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
         if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
@@ -66,7 +67,7 @@ class Fleet:
         else:
             start_local_ray(cfg.ray, {RESERVED: MANY, PREEMPTIBLE: MANY}, os.cpu_count())
 
-    def publish(self, state: dict, version: int) -> weight_store.WeightManifest:
+    def publish(self, state: dict, version: int) -> WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved
         workers load it before this returns, the others pull it in the background."""
         self.manifest = weight_store.publish(state, version, self.cfg.weights.bucket_mb)
@@ -95,8 +96,7 @@ class Fleet:
                 options["resources"] = {kind: 1}
             if kind == PREEMPTIBLE:
                 self.lifetimes[name] = [launched, float("inf")]
-            actor_class, spec = self._actor_for(name)
-            actor = actor_class.options(**options).remote(spec)
+            actor = WorkerActor.options(**options).remote(self._spec_for(name))
             pending.append((name, actor, actor.info.remote()))
         handles = []
         for name, actor, info_ref in pending:
@@ -144,12 +144,7 @@ class Fleet:
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Between steps: wait until every live worker serves the current version (or is dropped)."""
-        deadline = time.monotonic() + (timeout_s or self.cfg.weights.pull_timeout_s)
-        while any(h.version != self.manifest.version or h.pull is not None for h in self.manager.alive()):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"workers not at weight version {self.manifest.version} after {timeout_s}s")
-            self.manager.poll_pulls(self.manager.between_steps, 0.0)
-            time.sleep(0.01)
+        self.manager.wait_ready(timeout_s)
 
     def reap(self) -> None:
         """Forget (and kill) workers the manager declared dead; their instances stop being billed."""
@@ -186,14 +181,19 @@ class Fleet:
             pass
 
     def release(self, handle: WorkerHandle) -> None:
-        """Give an instance back (beyond the cap): a graceful end, not a preemption."""
+        """Give an instance back (beyond the cap): a graceful end, not a preemption. The manager takes
+        its samples back exactly, then ends it (`_retire`)."""
         if handle.name in self.killed or handle.name in self.released:
             return
         self.released.add(handle.name)
+        self.manager.release(handle.name)
+
+    def _retire(self, handle: WorkerHandle) -> None:
+        """The manager's `on_retire`: the instance holds nothing any more; end it and its node."""
         self._ended(handle.name)
-        self.manager.fence(handle.name, "released (beyond the instance cap)", released=True)
         ray.kill(handle.actor, no_restart=True)
-        node = self.nodes.pop(handle.name, None)
+        with self._node_lock:
+            node = self.nodes.pop(handle.name, None)
         if node is not None:
             kill_node_process(node)
 
@@ -243,45 +243,8 @@ class Fleet:
                 time.sleep(0.05)
         return node
 
-    def _actor_for(self, name: str) -> tuple[object, object]:
-        """The actor class of worker `name` and what it is built from: a RolloutWorker and its spec, or
-        for emulated workers with `spec.emulate.worker == "light"` the torch-free EmulatedWorker."""
-        spec = self._spec_for(name)
-        if spec.emulate is not None and spec.emulate.worker == "light":
-            from rlboost.sim.emulated_worker import light_worker
-
-            return light_worker(spec)
-        return WorkerActor, spec
-
     def _spec_for(self, name: str) -> WorkerSpec:
         if not self.cfg.ledger_dir:
             return self.spec
         Path(self.cfg.ledger_dir).mkdir(parents=True, exist_ok=True)
         return dataclasses.replace(self.spec, ledger_path=str(Path(self.cfg.ledger_dir) / f"{name}.ledger"))
-
-
-class Preempter:
-    """Chaos: hard-kills a random live preemptible instance at seeded exponential intervals."""
-
-    def __init__(self, fleet: Fleet, every_s: float, seed: int):
-        self.fleet, self.every_s = fleet, every_s
-        self.rng = random.Random(seed)
-        self.kills: list[str] = []
-        self._stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="preempter", daemon=True)
-
-    def start(self) -> Preempter:
-        if self.every_s > 0:
-            self.thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.rng.expovariate(1.0 / self.every_s)):
-            victims = self.fleet.killable()
-            if victims:
-                victim = self.rng.choice(victims)
-                self.fleet.preempt(victim)
-                self.kills.append(victim.name)

@@ -20,7 +20,7 @@ import threading
 import time
 
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.manager import PREEMPTIBLE
+from rlboost.hybrid.handles import PREEMPTIBLE
 from rlboost.spot import TraceReplay
 
 TICK_S = 0.1
@@ -34,6 +34,8 @@ class Provider:
         self.cap: int | None = None
         self.kills: list[str] = []
         self.notices = 0
+        self.events: list[tuple[float, str, str]] = []
+        """(seconds since start, "notice" | "kill" | "release", instance) of everything it did to one."""
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
@@ -100,13 +102,16 @@ class TraceProvider(Provider):
         for name, kill_at in actions.notify:
             self.fleet.manager.notice(name, max(0.0, kill_at - now_s))
             self.notices += 1
+            self.events.append((now_s, "notice", name))
         for name in actions.kill:
             if name in running:
                 self.fleet.preempt(running[name])
                 self.kills.append(name)
+                self.events.append((now_s, "kill", name))
         for name in actions.release:
             if name in running:
                 self.fleet.release(running[name])
+                self.events.append((now_s, "release", name))
         self.fleet.launch(actions.start)
 
 

@@ -30,55 +30,23 @@ import ipaddress
 import logging
 import os
 import secrets
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import ray
+
+from rlboost.hybrid.config import LOOPBACK, RaySecurityConfig
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = "127.0.0.1"
 AUTH_MODE_ENV = "RAY_AUTH_MODE"
 AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch for multi-machine clusters; 0 makes it take 127.0.0.1 as this node's address."""
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
-
-
-@dataclass
-class RaySecurityConfig:
-    auth_token: bool = True
-    """Ray token authentication: every call to a Ray server must carry the cluster's token (a random
-    one per run unless RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH names one). Off only for debugging."""
-    bind_host: str = LOOPBACK
-    """The IP address of the local Ray node. 127.0.0.1 (the default) keeps every Ray server on the
-    loopback interface; change only to run across machines: any other address is the one Ray
-    advertises, and its servers then listen on all interfaces (Ray cannot bind a single external IP)."""
-
-    def validate(self) -> None:
-        """Raise ValueError naming the offending field."""
-        if not isinstance(self.auth_token, bool):
-            raise ValueError(f"rollout.hybrid.ray.auth_token must be true or false, got {self.auth_token!r}")
-        try:
-            ip = ipaddress.ip_address(str(self.bind_host))
-        except ValueError:
-            raise ValueError(f"rollout.hybrid.ray.bind_host must be an IP address (Ray takes no host names), "
-                             f"got {self.bind_host!r}") from None
-        if ip.is_unspecified:
-            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r} is not an address other machines "
-                             f"can reach; give this machine's IP (Ray then listens on all interfaces) "
-                             f"or {LOOPBACK}")
-        if ip.is_loopback and str(ip) != LOOPBACK:
-            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r}: Ray keeps its servers on the "
-                             f"loopback interface only for {LOOPBACK}; use that")
-
-    @property
-    def loopback(self) -> bool:
-        return self.bind_host == LOOPBACK
 
 
 def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int) -> None:
@@ -140,10 +108,26 @@ def start_node_process(security: RaySecurityConfig, gcs_address: str, resources:
     import subprocess
     import sys
 
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "rlboost.hybrid.node_process", gcs_address, json.dumps(resources),
          security.bind_host, str(object_store_bytes)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _node_processes.append(proc)
+    return proc
+
+
+_node_processes: list = []
+"""Every node process this process started: `kill_leftover_nodes` ends those still running."""
+
+
+def kill_leftover_nodes() -> int:
+    """Kill the node processes started here that are still running (a run, or a test, that failed
+    before its shutdown); returns how many."""
+    alive = [p for p in _node_processes if p.poll() is None]
+    for proc in alive:
+        kill_node_process(proc)
+    _node_processes.clear()
+    return len(alive)
 
 
 def kill_node_process(proc) -> None:

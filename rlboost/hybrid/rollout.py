@@ -19,8 +19,11 @@ from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import merged, spec_metrics
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.manager import PREEMPTIBLE, RESERVED, RolloutManager, StepRun
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.providers import make_provider
+from rlboost.hybrid.pulls import PullStats
+from rlboost.hybrid.step_run import StepRun
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController, StepTimings
@@ -50,6 +53,8 @@ class HybridRollout:
         self.controller = OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved)
         self.provider = make_provider(cfg, self.fleet, seed).start()
         self.run: StepRun | None = None
+        self.last_pulls = PullStats()
+        """What the weight pulls did during the last step (provisioning times, failures, refusals)."""
         self.released_at: float | None = None  # when the last step's trainer got the reserved resources
         self.instances_at_start = 0
         self.step_started = time.monotonic()
@@ -96,52 +101,53 @@ class HybridRollout:
         """spot/*, migration/*, weights/*, the controller's timings and decisions, for the last step.
         `train_s`: the trainer's time from the return of `generate` to its last update, the seeding
         window and waits for groups included (both are taken out of the controller's t_train)."""
-        stats, now = self.run.stats, time.monotonic()
-        # How long the step went on after its last response (the paper's artifact: step time minus
-        # the time to the last response); 0 when no instance generated, as then nobody waited on it.
-        generated_remotely = stats.tokens_by_kind[PREEMPTIBLE] > 0
-        wait_remote = max(0.0, now - (self.run.t0 + stats.rollout_s)) if generated_remotely else 0.0
+        run = self.run
+        run.wait()  # the trainer may have stopped reading right after the last group
+        stats, now = run.stats, time.monotonic()
+        self.last_pulls = pulls = self.manager.pulls.take_stats()
+        between, self.manager.deaths_between_steps = self.manager.deaths_between_steps, []
+        remote_s, wait_remote = run.state.remote_timings(end=now)
         instances_now = self._instances()
         window_s = (self.released_at or now) - self.step_started
-        compute_s = max(0.0, train_s - window_s - self.run.trainer_wait_s)
+        compute_s = max(0.0, train_s - window_s - run.trainer_wait_s)
+        preemptions = stats.preemptions + sum(preempted for _, _, preempted in between)
         timings = StepTimings(
-            instances=self.instances_at_start,
-            stable=instances_now == self.instances_at_start and stats.preemptions == 0,
-            wait_train_s=self.run.trainer_wait_s, wait_remote_s=wait_remote,
-            remote_s=stats.rollout_s - stats.remote_start_s if stats.remote_start_s is not None else 0.0,
-            train_s=compute_s,
+            instances=self.instances_at_start, stable=instances_now == self.instances_at_start and preemptions == 0,
+            wait_train_s=run.trainer_wait_s, wait_remote_s=wait_remote, remote_s=remote_s, train_s=compute_s,
             tokens_per_s=sum(stats.tokens_by_kind.values()) / max(now - self.step_started, 1e-9))
         self.controller.update(timings)
         cap = self.controller.instance_cap()
         self.provider.set_cap(cap)
         kinds_total = sum(stats.tokens_by_kind.values()) or 1
-        pulled = [s for _, s, _ in stats.pulls]
+        pulled = [s for _, s, _ in pulls.pulls]
         decided = {"spot/cap": float(cap)} if cap is not None else {}
         return decided | {
             "spot/instances": float(self.instances_at_start),
             "spot/instances_end": float(instances_now),
-            "spot/preemptions": float(stats.preemptions),
-            "spot/joins": float(len(stats.provision_s)),
+            "spot/preemptions": float(preemptions),
+            "spot/joins": float(len(pulls.provision_s)),
             "spot/instance_s": self.fleet.instance_seconds(self.step_started, now),
-            "spot/refused": float(len(stats.refused)),
+            "spot/refused": float(len(pulls.refused)),
             "migration/samples": float(sum(stats.migrated.values())),
             "migration/preempted": float(stats.migrated["preempted"]),
             "migration/rebalanced": float(stats.migrated["rebalanced"]),
             "migration/seed_handoff": float(stats.migrated["seed_handoff"]),
             "migration/noticed": float(stats.migrated["noticed"]),
+            "migration/released": float(stats.migrated["released"]),
             "migration/wasted_tokens": float(stats.wasted_tokens),
             "migration/in_flight_at_preemption": float(stats.in_flight_at_preemption),
             "migration/fenced_tokens_dropped": float(stats.fenced_tokens_dropped),
             "weights/pull_s": float(np.mean(pulled)) if pulled else 0.0,
-            "weights/provision_s": float(np.mean(stats.provision_s)) if stats.provision_s else 0.0,
+            "weights/provision_s": float(np.mean(pulls.provision_s)) if pulls.provision_s else 0.0,
             "weights/bytes": float(self.fleet.manifest.nbytes),
-            "weights/pull_failures": float(stats.pull_failures),
+            "weights/pull_failures": float(pulls.pull_failures),
             "rollout/preemptible_token_share": stats.tokens_by_kind[PREEMPTIBLE] / kinds_total,
             "rollout/seed_window_s": self.seed_window_s,
             "rollout/reserved_tokens_per_s": self._reserved_decode_rate(),
+            "rollout/manager_cpu_s": run.loop_cpu_s,
             "timing_s/gen": stats.rollout_s,
             "timing_s/seed": stats.seed_s,
-            "timing_s/wait_train": self.run.trainer_wait_s,
+            "timing_s/wait_train": run.trainer_wait_s,
             "timing_s/wait_remote": wait_remote,
             "timing_s/update_actor": compute_s,
             "rollout/tail_s": stats.tail_s,

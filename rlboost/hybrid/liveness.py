@@ -1,0 +1,53 @@
+"""Telling a dead or frozen worker from a busy one (DESIGN.md 2.2, invariants 6 and 7).
+
+Contract: `Liveness.check(handles, now)` returns (handle, reason) for every worker to declare dead: its
+Ray node left the cluster (checked every `node_check_s`), a liveness ping failed, or it showed no sign
+of life (a report, or an answered ping) for `heartbeat_timeout_s`. A stream that has been quiet for
+`heartbeat_interval_s` gets a ping, which another thread of the worker answers even during a long
+engine step (a big prefill on one CPU thread): a quiet stream alone never kills a worker, and a broken
+stream is never the only death signal. Non-blocking; runs in the thread that owns the manager's state.
+"""
+
+from __future__ import annotations
+
+from rlboost.hybrid.handles import Call, WorkerHandle, first_line
+
+NODE_CHECK_S = 0.5
+
+
+class Liveness:
+    def __init__(self, heartbeat_interval_s: float, heartbeat_timeout_s: float, node_check_s: float = NODE_CHECK_S):
+        self.interval_s, self.timeout_s, self.node_check_s = heartbeat_interval_s, heartbeat_timeout_s, node_check_s
+        self._last_node_check = 0.0
+
+    def check(self, handles: list[WorkerHandle], now: float) -> list[tuple[WorkerHandle, str]]:
+        import ray
+
+        dead: list[tuple[WorkerHandle, str]] = []
+        live = [h for h in handles if h.alive]
+        pings = [h.ping.ref for h in live if h.ping is not None]
+        answered = set(ray.wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
+        for h in live:
+            if h.ping is not None and h.ping.ref in answered:
+                try:
+                    ray.get(h.ping.ref)
+                    h.last_report = max(h.last_report, h.ping.sent)
+                except ray.exceptions.RayError as e:
+                    dead.append((h, f"it died: {first_line(e)}"))
+                    continue
+                h.ping = None
+            if now - h.last_report > self.timeout_s:
+                dead.append((h, f"no sign of life for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)"))
+            elif h.ping is None and now - h.last_report > self.interval_s:
+                h.ping = Call(h.actor.ping.remote(), now)
+        if now - self._last_node_check >= self.node_check_s:
+            self._last_node_check = now
+            nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            gone = {id(h) for h, _ in dead}
+            for h in live:
+                if h.node_id and h.node_id not in nodes and id(h) not in gone:
+                    dead.append((h, f"its Ray node {h.node_id[:12]} left the cluster"))
+        return dead
+
+
+__all__ = ["NODE_CHECK_S", "Liveness"]

@@ -1,0 +1,285 @@
+"""One step's rollout on Ray: the runtime's shell around the step's `StepState`.
+
+Contract: `StepRun` turns what happens on Ray into StepState events (reports into chunks and decode
+observations, abort answers into exact partial outputs, deaths from streams, liveness and pulls into
+`dead`, inbox messages into joins, notices and releases) and carries out the commands that come back:
+`Submit` and `Abort` become non-blocking actor calls, `Retire` ends a given-back instance,
+`ReleaseReserved` lets the trainer start, `GroupDone` hands the group to `groups()`. Every decision
+(seeding hand-off, fallback, dispatch, balancing, which samples move, waste, group completion) is the
+StepState's, the same code the simulator plays.
+
+Its loop runs in a thread of its own and owns the manager's workers until the step ends. The step's
+timings (`stats`) are final when the last group is handed out; `wait()` joins the thread (its CPU time,
+`loop_cpu_s`, is written as it ends). A failure stops the loop and is re-raised by `groups()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+from rlboost.engine.sampling_params import SamplingParams
+from rlboost.hybrid.handles import Lifecycle, WorkerHandle, first_line
+from rlboost.hybrid.liveness import Liveness
+from rlboost.hybrid.streams import ReportReader
+from rlboost.hybrid.wire import WorkerReport
+from rlboost.rollout.sample import Group
+from rlboost.rollout.step_state import (Abort, GroupDone, Partial, ReleaseReserved, Retire, StepConfig, StepState,
+                                        StepStats, Submit)
+
+POLL_S = 0.02
+"""Longest wait for a report when nothing is ready: the loop's other checks run at least this often."""
+SHARE_GRACE_S = 1.0
+"""A pulling worker keeps its share of the dispatch for at least this long (StepConfig.share_grace_s)."""
+HOUSEKEEPING_S = 0.05
+"""Period of the per-worker checks: heartbeats and pings, abort and pull timeouts, finished pulls. Each
+costs O(workers); the timeouts they enforce are seconds, and 50 ms delays a verdict, or a new worker's
+first dispatch, by less than one report interval. Inbox messages are applied on every turn."""
+
+
+class StepRun:
+    """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
+
+    def __init__(self, manager, groups: list[Group], params: SamplingParams, version: int,
+                 seed_window_s: float | None, order: list[str] | None = None,
+                 overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                 history: Callable[[list[int]], list[list[int]]] | None = None):
+        self.m, self.cfg = manager, manager.cfg
+        self.params, self.version, self.history = params, version, history
+        self.groups_by_index = {g.index: g for g in groups}
+        self.t0 = time.monotonic()
+        self.state = StepState(
+            [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,
+            seed_window_s=seed_window_s, now=self.t0, dispatcher=manager.dispatcher, balancer=manager.balancer,
+            config=StepConfig(share_with_pulling=self.cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S),
+            order=order, overruns=overruns, progress=self._progress, longest_pull_s=manager.pulls.longest_s)
+        self.training_may_start = threading.Event()
+        self.trainer_wait_s = 0.0
+        self.loop_cpu_s = 0.0
+        """CPU seconds the loop thread used for the step: the manager's own overhead."""
+        self.reports = 0
+        """Worker reports the loop handled in the step."""
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self._submits: dict[object, WorkerHandle] = {}
+        self._aborts: dict[object, tuple[int, WorkerHandle, float]] = {}
+        self._history_sent: set[tuple[str, int]] = set()  # (worker, group index)
+        self._reader = ReportReader()
+        self._liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
+        self._next_housekeeping = 0.0
+        self._cancelled = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
+        for h in manager.alive():
+            # nobody reads the streams between steps: silence is measured from the step's start
+            h.last_report = max(h.last_report, self.t0)
+            self.joined(h)
+
+    # ---- the trainer's side --------------------------------------------------------------------------
+
+    @property
+    def stats(self) -> StepStats:
+        return self.state.stats
+
+    @property
+    def tracked(self):
+        return self.state.tracked
+
+    def groups(self) -> Iterator[Group]:
+        """Finished groups in completion order, released once the reserved resources are free to
+        train; re-raises whatever stopped the loop. Time spent waiting after that is the trainer's idle
+        time (`trainer_wait_s`)."""
+        self.training_may_start.wait()
+        for _ in range(len(self.groups_by_index)):
+            t0 = time.monotonic()
+            item = self._out.get()
+            self.trainer_wait_s += time.monotonic() - t0
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        self.thread.join()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the loop thread has ended (the trainer may stop reading after the last group)."""
+        self.thread.join(timeout)
+
+    def cancel(self) -> None:
+        """Stop the loop (the consumer gave up, e.g. on a reward-function error) and wait for it."""
+        self._cancelled.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+    # ---- events from the manager ---------------------------------------------------------------------
+
+    def joined(self, h: WorkerHandle) -> None:
+        """`h` takes part in the step: serving its version, or pulling it."""
+        state = self.state
+        if h.name in state.workers or not h.alive:
+            return
+        serving = h.version == self.version and h.lifecycle is not Lifecycle.JOINING
+        state.join(h.name, h.kind, h.max_running, h.profile, serving=serving,
+                   pulling_since=None if serving else self.m.pulls.pulling_since(h, self.version))
+        if h.lifecycle is Lifecycle.NOTICED:
+            state.notice(h.name, time.monotonic())
+        elif h.lifecycle is Lifecycle.RETIRING:
+            state.retire(h.name, time.monotonic())
+
+    def ready(self, h: WorkerHandle, pull_s: float) -> None:
+        """`h` verified the current version."""
+        if h.name not in self.state.workers:
+            self.joined(h)
+        elif h.version == self.version:
+            self.state.ready(h.name, time.monotonic(), pull_s)
+
+    # ---- the loop ------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        state = self.state
+        try:
+            while True:
+                if self._cancelled.is_set():
+                    raise RuntimeError("rollout cancelled")
+                now = time.monotonic()
+                self.m.apply_inbox(now)
+                if now >= self._next_housekeeping:
+                    self._next_housekeeping = now + HOUSEKEEPING_S
+                    self._housekeeping(now)
+                self._execute(state.decide(now))
+                if state.done:
+                    break
+                self._receive()
+                self._collect_answers()
+                self._execute(state.take_commands())  # finished groups go to the trainer at once
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
+            self._out.put(e)
+        finally:
+            self.training_may_start.set()
+            self.m.run = None
+            self.m.owner.release()
+            self.loop_cpu_s = time.thread_time() - cpu0
+
+    def _housekeeping(self, now: float) -> None:
+        m = self.m
+        for h, reason in self._liveness.check(m.alive(), now):
+            m.declare_dead(h, reason, now)
+        m._poll_pulls(now)
+        for ref, (_, h, sent) in list(self._aborts.items()):
+            if now - sent > self.cfg.call_timeout_s:
+                m.declare_dead(h, f"no answer to an abort in {self.cfg.call_timeout_s}s (rollout.hybrid.call_timeout_s)",
+                               now)
+
+    def _receive(self) -> None:
+        for h, report, failure in self._reader.receive(self.m.handles(), POLL_S):
+            now = time.monotonic()
+            if failure is not None:
+                self.m.declare_dead(h, failure, now)
+            else:
+                self.reports += 1
+                self._on_report(h, report, now)
+
+    def _on_report(self, h: WorkerHandle, report: WorkerReport, now: float) -> None:
+        state = self.state
+        if h.alive:
+            h.last_report = now
+            h.generated = report.generated
+            if report.batch_size and report.step_s > 0:
+                state.observe(h.name, report.batch_size, report.batch_size / report.step_s)
+        for c in report.chunks:  # a fenced worker's are counted and dropped by the state
+            state.chunk(h.name, c.request_id, c.offset, len(c.token_ids), c.weight_version, c.finished, now,
+                        c.finish_reason, c.token_ids, c.logprobs)
+
+    def _progress(self, name: str) -> dict[str, int]:
+        """The StepState's `progress`: what the worker's last report said each request had generated."""
+        h = self.m.workers.get(name)
+        return h.generated if h is not None else {}
+
+    def _collect_answers(self) -> None:
+        """Results of control calls: a failed submit or abort means a dead worker; an abort's partial
+        outputs go to the state."""
+        import ray
+
+        calls = list(self._submits) + list(self._aborts)
+        if not calls:
+            return
+        done = ray.wait(calls, num_returns=len(calls), timeout=0)[0]
+        self._collect_submits([ref for ref in done if ref in self._submits])
+        for ref in done:
+            if ref not in self._aborts:
+                continue
+            abort_id, h, _ = self._aborts.pop(ref)
+            now = time.monotonic()
+            try:
+                partials = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                self.m.declare_dead(h, f"abort failed: {first_line(e)}", now)
+                continue
+            self.state.aborted(abort_id, {rid: Partial(len(p.token_ids), p.weight_version, p.token_ids, p.logprobs)
+                                          for rid, p in partials.items()}, now)
+
+    def _collect_submits(self, refs: list) -> None:
+        """Acknowledged submissions, fetched in one call; one by one only when some failed, to tell which."""
+        import ray
+
+        if not refs:
+            return
+        try:
+            ray.get(refs)
+        except Exception:  # noqa: BLE001 - sorted out, and re-raised where it must be, one by one below
+            pass
+        else:
+            for ref in refs:
+                del self._submits[ref]
+            return
+        for ref in refs:
+            h = self._submits.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                self.m.declare_dead(h, f"it died: {first_line(e)}", time.monotonic())
+            except ray.exceptions.RayTaskError as e:  # the engine refused a request: a bug, not a death
+                raise RuntimeError(f"rollout worker {h.name} rejected a submission: {e}") from e
+
+    # ---- commands ------------------------------------------------------------------------------------
+
+    def _execute(self, commands) -> None:
+        for command in commands:
+            if isinstance(command, Submit):
+                self._submit(command)
+            elif isinstance(command, Abort):
+                h = self.m.workers[command.worker]
+                ref = h.actor.abort.remote(command.request_ids, command.then_sleep)
+                self._aborts[ref] = (command.id, h, time.monotonic())
+            elif isinstance(command, GroupDone):
+                self._out.put(self.groups_by_index[command.group])
+            elif isinstance(command, ReleaseReserved):
+                self.training_may_start.set()
+            elif isinstance(command, Retire):
+                self.m.retire(self.m.workers[command.worker], time.monotonic())
+
+    def _submit(self, command: Submit) -> None:
+        h = self.m.workers[command.worker]
+        requests = []
+        for r in command.requests:
+            sample = self.state.tracked[r.uid].sample
+            params = dataclasses.replace(self.params, seed=sample.seed, max_tokens=self.params.max_tokens - r.held)
+            requests.append((r.request_id, sample.prompt_ids + sample.response_ids, params, len(sample.prompt_ids)))
+        self._submits[h.actor.submit.remote(requests, self._histories_for(h, command))] = h
+
+    def _histories_for(self, h: WorkerHandle, command: Submit) -> list | None:
+        """The drafting history of the prompts submitted to `h` that it has not been sent this step."""
+        if self.history is None:
+            return None
+        out = []
+        for r in command.requests:
+            group = self.groups_by_index[self.state.tracked[r.uid].group]
+            if (h.name, group.index) not in self._history_sent:
+                self._history_sent.add((h.name, group.index))
+                responses = self.history(group.samples[0].prompt_ids)
+                if responses:
+                    out.append((group.samples[0].prompt_ids, responses))
+        return out or None
+
+
+__all__ = ["HOUSEKEEPING_S", "POLL_S", "SHARE_GRACE_S", "StepRun"]
