@@ -57,13 +57,15 @@ def _bench_parts(name: str):
 
 
 def _field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass (its documentation in the source)."""
+    """The docstring under each field of a dataclass and of the dataclasses it extends (its
+    documentation in the source; a subclass's own wins)."""
     docs: dict[str, str] = {}
-    body = ast.parse(inspect.getsource(cls)).body[0].body
-    for node, after in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
-            docs[node.target.id] = " ".join(after.value.value.split())
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, after in zip(body, body[1:]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                    and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
     return docs
 
 

@@ -4,8 +4,9 @@ The real runtime (Ray, the manager, its StepState, weight pulls) runs RL steps o
 workers (`rlboost.bench.emulation`: engines that sleep through the H100 profile's time, light workers
 that never load torch above 8 instances), scaled so that every engine carries about the same load at
 every count. Reported per instance count: the CPU time of the manager's loop thread as a fraction of
-the step's wall time (`loop_busy_fraction`; the goal is under 5% at 64 instances), the step time, and
-how many worker reports the loop handled per second of rollout.
+the step's wall time (`loop_busy_fraction`, over all steps, and per step: the first includes the
+first dispatch of every sample and the instances' first pulls; the goal is under 5% at 64 instances),
+the step time, and how many worker reports the loop handled per second of rollout.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
         wall = sum(s.step_s for s in steps)
         rollout = sum(s.rollout_s for s in steps)
         results.append({"instances": n, "loop_busy_fraction": sum(s.loop_cpu_s for s in steps) / wall,
+                        "loop_busy_fraction_per_step": [s.loop_cpu_s / s.step_s for s in steps],
                         "step_s": wall / len(steps), "rollout_s": rollout / len(steps),
                         "reports_per_s": sum(s.reports for s in steps) / rollout, "time_scale": scale,
                         "worker": check.worker, "samples_per_step": steps[0].samples})

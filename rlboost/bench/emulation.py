@@ -508,38 +508,21 @@ def scaled_config(instances: int, base: CheckConfig) -> CheckConfig:
 
 
 @dataclass
-class EmulationBenchConfig:
-    """`rlboost bench emulation`: the runs to compare (each a CheckConfig scaled to its instance count)."""
+class EmulationBenchConfig(CheckConfig):
+    """`rlboost bench emulation`: a CheckConfig run at each of several instance counts (scaled so that
+    every engine carries about the same load: `scaled_config`)."""
 
     instances: list[int] = dataclasses.field(default_factory=lambda: [4])
     """Instance counts; each runs 4 prompts and a quarter reserved engine per instance."""
-    steps: int = 4
     worker: str = ""
     """`rollout` or `light`; empty: rollout up to 8 instances, light above (memory: docs/simulator.md)."""
-    provider: str = "fixed"
-    """`fixed` (a pool, never killed) or `trace` (the compressed segment, with real kills)."""
-    segment: str = "C"
-    trace_sample: float = 0.25
-    time_scale: float = 1.0
-    """Wall seconds per modelled second (1: the modelled H100 speed)."""
-    length_scale: float = 0.1
-    stream_interval: int = 8
-    offload: bool = True
-    """The offload controller adapts T_seed (False keeps seed_window_s)."""
-    uncapped: bool = False
-    """The controller's instance cap never binds."""
-    seed_window_s: float = 2.0
-    seed: int = 0
 
     def checks(self) -> list[CheckConfig]:
-        base = CheckConfig(steps=self.steps, provider=self.provider, segment=self.segment,
-                           trace_sample=self.trace_sample, time_scale=self.time_scale,
-                           length_scale=self.length_scale, stream_interval=self.stream_interval,
-                           offload=self.offload, uncapped=self.uncapped, seed_window_s=self.seed_window_s,
-                           seed=self.seed)
+        shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(CheckConfig)
+                  if f.name not in ("instances", "worker")}
         out = []
         for n in self.instances:
-            cfg = replace(scaled_config(n, base), worker=self.worker or ("rollout" if n <= 8 else "light"))
+            cfg = replace(scaled_config(n, CheckConfig(**shared)), worker=self.worker or ("rollout" if n <= 8 else "light"))
             cfg.validate()
             out.append(cfg)
         return out

@@ -9,7 +9,7 @@ the request and output types (`SamplingParams`, `StreamChunk`, `PartialOutput`) 
 worker whose engine needs no torch (the emulated one) never loads it; `LLMEngine` does.
 """
 
-from importlib import import_module
+from rlboost._lazy import lazy_exports
 
 _WHERE = {
     "EngineConfig": "config",
@@ -24,16 +24,5 @@ _WHERE = {
     "Completion": "sequence",
 }
 
-__all__ = list(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'rlboost.engine' has no attribute {name!r}")
-    value = getattr(import_module(f"rlboost.engine.{_WHERE[name]}"), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -224,6 +224,11 @@ class LLMEngine:
         self.scheduler.remove(finished, self.cache)
         return chunks
 
+    def flush(self) -> list[StreamChunk]:
+        """A chunk of every unfinished request's tokens not chunked yet (fewer than stream_interval)."""
+        return [seq.take_chunk(self.weight_version, self.config.stream_interval) for seq in self._active.values()
+                if len(seq.output_token_ids) > seq.num_streamed]
+
     # ---- speculative decoding (HistoSpec) ----------------------------------------------------------
 
     def _drafts(self, batch: list[Sequence]) -> dict[str, list[int]]:

@@ -11,8 +11,12 @@ The calls and what they promise:
   `prompt_len`: how much of the ids is the original prompt when prompt + partial tokens are resubmitted.
 - `step() -> list[StreamChunk]`: run one engine step; per request at most `config.stream_interval`
   new tokens per chunk, with their log-probs (log_softmax(logits / T), raw logits when greedy, before
-  top-k/top-p), the offset of the first and the weight version that made them. `last_step` is
-  (requests in it, whether it was a prefill); `last_decode_steps` how many decode steps it spanned.
+  top-k/top-p), the offset of the first and the weight version that made them. A request's tokens
+  are chunked once `stream_interval` of them wait, and when it finishes. `last_step` is (requests in
+  it, whether it was a prefill); `last_decode_steps` how many decode steps it spanned.
+- `flush() -> list[StreamChunk]`: a chunk of every unfinished request's tokens not chunked yet (fewer
+  than `stream_interval` each): a worker that reports everything at once keeps its requests in step,
+  so the next full chunks come together.
 - `abort(request_ids) -> {request_id: PartialOutput}`: remove requests and return exactly what each
   generated, streamed or not. Ids that finished or were never added are ignored.
 - `progress() -> {request_id: tokens generated so far}` of the unfinished requests; `has_unfinished()`,
@@ -123,6 +127,7 @@ class EngineBackend(Protocol):
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
             prompt_len: int | None = None) -> int: ...
     def step(self) -> list[StreamChunk]: ...
+    def flush(self) -> list[StreamChunk]: ...
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]: ...
     def progress(self) -> dict[str, int]: ...
     def has_unfinished(self) -> bool: ...

@@ -105,6 +105,14 @@ class HybridConfig:
     """torch threads per worker process."""
     heartbeat_interval_s: float = 1.0
     """An idle worker reports at least this often."""
+    manager_cpu_share: float = 0.03
+    """The rollout manager's loop paces its turns so that its own CPU stays near this share of the
+    time (turns 20-100 ms apart): with many workers a turn costs more, so turns come further apart
+    and each handles more reports."""
+    report_delay_s: float = 0.05
+    """How long a worker may hold a report that carries only finished requests' last chunks, waiting
+    for its next report: fewer reports for the manager, at no risk to a token (those chunks never
+    grow). A report with a full chunk never waits. 0 sends every report at once."""
     heartbeat_timeout_s: float = 15.0
     """A worker silent for this long is declared dead and fenced (a stuck worker, not only a dead one)."""
     call_timeout_s: float = 120.0
@@ -143,7 +151,7 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
         if self.preempt_with == "node" and self.instances != "nodes":
             raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes")
-        for name in ("seed_window_s", "preempt_every_s"):
+        for name in ("seed_window_s", "preempt_every_s", "report_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s"):
@@ -161,5 +169,7 @@ class HybridConfig:
             raise ValueError("rollout.hybrid.provider=ray_cluster needs rollout.hybrid.ray_address (a running cluster)")
         for section in (self.trace, self.offload, self.weights, self.ray):
             section.validate()
+        if not 0 < self.manager_cpu_share < 1:
+            raise ValueError(f"rollout.hybrid.manager_cpu_share must be in (0, 1), got {self.manager_cpu_share}")
         if self.worker_threads < 1:
             raise ValueError(f"rollout.hybrid.worker_threads must be >= 1, got {self.worker_threads}")

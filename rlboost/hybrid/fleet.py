@@ -244,7 +244,9 @@ class Fleet:
         return node
 
     def _spec_for(self, name: str) -> WorkerSpec:
-        if not self.cfg.ledger_dir:
-            return self.spec
-        Path(self.cfg.ledger_dir).mkdir(parents=True, exist_ok=True)
-        return dataclasses.replace(self.spec, ledger_path=str(Path(self.cfg.ledger_dir) / f"{name}.ledger"))
+        """The spec of worker `name`: the fleet's, with the run's reporting settings and its own ledger."""
+        ledger = None
+        if self.cfg.ledger_dir:
+            Path(self.cfg.ledger_dir).mkdir(parents=True, exist_ok=True)
+            ledger = str(Path(self.cfg.ledger_dir) / f"{name}.ledger")
+        return dataclasses.replace(self.spec, ledger_path=ledger, report_delay_s=self.cfg.report_delay_s)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from rlboost.hybrid.handles import Call, WorkerHandle, first_line
 
-NODE_CHECK_S = 0.5
+NODE_CHECK_S = 1.0
 
 
 class Liveness:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.handles import Lifecycle, WorkerHandle, first_line
 from rlboost.hybrid.liveness import Liveness
-from rlboost.hybrid.streams import ReportReader
+from rlboost.hybrid.streams import ReportReader, TurnPacer
 from rlboost.hybrid.wire import WorkerReport
 from rlboost.rollout.sample import Group
 from rlboost.rollout.step_state import (Abort, GroupDone, Partial, ReleaseReserved, Retire, StepConfig, StepState,
@@ -34,10 +34,10 @@ POLL_S = 0.02
 """Longest wait for a report when nothing is ready: the loop's other checks run at least this often."""
 SHARE_GRACE_S = 1.0
 """A pulling worker keeps its share of the dispatch for at least this long (StepConfig.share_grace_s)."""
-HOUSEKEEPING_S = 0.05
+HOUSEKEEPING_S = 0.1
 """Period of the per-worker checks: heartbeats and pings, abort and pull timeouts, finished pulls. Each
-costs O(workers); the timeouts they enforce are seconds, and 50 ms delays a verdict, or a new worker's
-first dispatch, by less than one report interval. Inbox messages are applied on every turn."""
+costs O(workers); the timeouts they enforce are seconds, and 100 ms delays a verdict, or a new worker's
+first dispatch, by about one report interval. Inbox messages are applied on every turn."""
 
 
 class StepRun:
@@ -67,6 +67,7 @@ class StepRun:
         self._aborts: dict[object, tuple[int, WorkerHandle, float]] = {}
         self._history_sent: set[tuple[str, int]] = set()  # (worker, group index)
         self._reader = ReportReader()
+        self._pacer = TurnPacer(self.cfg.manager_cpu_share)
         self._liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
         self._next_housekeeping = 0.0
         self._cancelled = threading.Event()
@@ -141,6 +142,7 @@ class StepRun:
             while True:
                 if self._cancelled.is_set():
                     raise RuntimeError("rollout cancelled")
+                turn_cpu = time.thread_time()
                 now = time.monotonic()
                 self.m.apply_inbox(now)
                 if now >= self._next_housekeeping:
@@ -152,6 +154,7 @@ class StepRun:
                 self._receive()
                 self._collect_answers()
                 self._execute(state.take_commands())  # finished groups go to the trainer at once
+                self._reader.turn_s = self._pacer.gap(time.thread_time() - turn_cpu)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
             self._out.put(e)
         finally:

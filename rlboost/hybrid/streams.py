@@ -6,7 +6,7 @@ stream ended or failed (the worker is gone; the stream is closed). It blocks up 
 nothing at all is ready. Fenced workers' streams are read too, so what they still send can be counted
 and dropped. Every turn costs one wait over all streams and one fetch per round of reports, O(workers):
 turns are at least `turn_s` apart, so a loop that comes back faster handles the reports of that time
-together instead of paying a turn per report.
+together instead of paying a turn per report. `TurnPacer` sets that gap from what the turns cost.
 """
 
 from __future__ import annotations
@@ -21,6 +21,26 @@ TURN_S = 0.02
 handled together, at most 20 ms after they arrive (less than the stream_interval decode steps a
 report covers: about 60 ms for 8 steps of the emulated Qwen3-8B on an H100). What the manager decides
 from a report is unchanged, only when it does."""
+MAX_TURN_S = 0.2
+"""Longest gap the pacer sets: a decision (a freed slot's next sample, a hand-off) waits at most this."""
+
+
+class TurnPacer:
+    """The gap before the next turn: long enough that the loop's own CPU stays within `share` of the
+    time (a turn that used c CPU seconds is followed by c (1 - share) / share of waiting, smoothed over
+    turns), never below `min_s` nor above `max_s`. Many workers make every turn dearer (each waits on
+    every stream): their turns then come further apart and handle more reports each, so the manager's
+    cost grows with the reports, not with workers x turns."""
+
+    def __init__(self, share: float, min_s: float = TURN_S, max_s: float = MAX_TURN_S, smoothing: float = 0.2):
+        if not 0 < share < 1:
+            raise ValueError(f"the loop's CPU share must be in (0, 1), got {share}")
+        self.share, self.min_s, self.max_s, self.smoothing = share, min_s, max_s, smoothing
+        self.turn_cpu_s = 0.0
+
+    def gap(self, turn_cpu_s: float) -> float:
+        self.turn_cpu_s += self.smoothing * (turn_cpu_s - self.turn_cpu_s)
+        return min(self.max_s, max(self.min_s, self.turn_cpu_s * (1 - self.share) / self.share))
 
 
 class ReportReader:
@@ -87,4 +107,4 @@ class ReportReader:
                 out.append((h, None, f"it died: {first_line(e)}"))
 
 
-__all__ = ["TURN_S", "ReportReader"]
+__all__ = ["MAX_TURN_S", "TURN_S", "ReportReader", "TurnPacer"]

@@ -5,10 +5,13 @@ Contract (DESIGN.md 2.2):
   `rlboost.engine.protocol.EngineBackend`. The default is rlboost's `LLMEngine` on the model's
   skeleton (`rlboost_engine`); the emulated engine of `rlboost.sim.emulated` plugs in the same way.
   This module imports neither torch nor Ray: a worker whose engine needs no torch never loads it.
-- `stream()` is a streaming generator the manager reads for the worker's whole life. After every
-  engine step that produced chunks it yields a `WorkerReport` at once, so a chunk leaves the process
-  as soon as it exists and a hard kill loses at most the tokens not yet chunked (< stream_interval
-  per request) or one chunk in transit. An idle worker still reports every `heartbeat_interval_s`.
+- `stream()` is a streaming generator the manager reads for the worker's whole life. A report leaves
+  the moment a request has a full chunk (`stream_interval` tokens), carrying every other request's
+  tokens too (`engine.flush()`): the requests stay in step, so the next report is due
+  `stream_interval` decode steps later whatever the batch, not after every engine step. A hard kill
+  thus loses at most `stream_interval` tokens per request (invariant 4), or one report in transit.
+  A report holding only finished requests' last chunks (which never grow) may wait for the next one,
+  up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
 - `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
   lock). `abort` returns each request's exact partial output.
 - A worker starts with its model's architecture and no trained weights (version -1); `pull` fetches a
@@ -54,6 +57,9 @@ class WorkerSpec:
     engine_factory: Callable[[WorkerSpec], EngineBackend] | None = None
     """Builds the engine in the worker's process (a module-level callable or a picklable object).
     None: `rlboost_engine`, rlboost's own engine on the model's skeleton."""
+    report_delay_s: float = 0.0
+    """How long a report holding only finished requests' last chunks may wait for the next report
+    (rollout.hybrid.report_delay_s): fewer reports for the manager to handle, at no risk of waste."""
 
 
 def rlboost_engine(spec: WorkerSpec) -> EngineBackend:
@@ -144,29 +150,43 @@ class RolloutWorker:
     # ---- the stream ------------------------------------------------------------------------------
 
     def stream(self) -> Iterator[WorkerReport]:
-        last_report = time.monotonic()
+        held: list[StreamChunk] = []  # finished requests' last chunks, waiting for the next report
+        held_since = last_report = time.monotonic()
+        steps, batch_size, step_s = 0, 0, 0.0
         while True:
+            report = None
             with self._cv:
                 if self.engine.asleep or not self.engine.has_unfinished():
-                    self._cv.wait(timeout=self.spec.heartbeat_interval_s)
-                    report = None if self.engine.has_unfinished() and not self.engine.asleep else self._report([])
+                    if not held:
+                        self._cv.wait(timeout=self.spec.heartbeat_interval_s)
+                    if held or self.engine.asleep or not self.engine.has_unfinished():
+                        report = self._report(held, batch_size, step_s, steps)
                 else:
                     t0 = time.perf_counter()
                     chunks = self.engine.step()
-                    # per decode step: an engine's step() may span several (the emulated one's does)
-                    step_s = (time.perf_counter() - t0) / max(self.engine.last_decode_steps, 1)
-                    batch_size, was_prefill = self.engine.last_step
-                    decoding = 0 if was_prefill else batch_size
+                    steps += 1
+                    batch, was_prefill = self.engine.last_step
+                    if batch and not was_prefill:
+                        # per decode step: an engine's step() may span several (the emulated one's does)
+                        batch_size, step_s = batch, (time.perf_counter() - t0) / max(self.engine.last_decode_steps, 1)
                     self._write_ledger(chunks)
-                    due = time.monotonic() - last_report >= self.spec.heartbeat_interval_s
-                    report = self._report(chunks, decoding, step_s) if chunks or due else None
+                    now = time.monotonic()
+                    if chunks and not held:
+                        held_since = now
+                    held += chunks
+                    # a request's unchunked tokens never exceed stream_interval: a full chunk goes at once
+                    full = any(not c.finished for c in chunks)
+                    if (full or now - last_report >= self.spec.heartbeat_interval_s
+                            or (held and now - held_since >= self.spec.report_delay_s)):
+                        report = self._report(held + (self.engine.flush() if held else []), batch_size, step_s, steps)
             if report is not None:
+                held, steps, batch_size, step_s = [], 0, 0, 0.0
                 last_report = time.monotonic()
                 yield report
 
-    def _report(self, chunks: list[StreamChunk], batch_size: int = 0, step_s: float = 0.0) -> WorkerReport:
+    def _report(self, chunks: list[StreamChunk], batch_size: int, step_s: float, steps: int) -> WorkerReport:
         return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
-                            batch_size, step_s, 1 if chunks else 0)
+                            batch_size, step_s, steps)
 
     def _write_ledger(self, chunks: list[StreamChunk]) -> None:
         if self._ledger is not None:

@@ -5,7 +5,7 @@ backend. The hybrid backend lives in `rlboost.hybrid`.
 Names are imported on first use (PEP 562): `rlboost.rollout.step_state` and `sample` are torch-free,
 and the simulator imports them without loading the colocated backend's engine (torch)."""
 
-from importlib import import_module
+from rlboost._lazy import lazy_exports
 
 _WHERE = {
     "ColocatedRollout": "colocated", "RolloutBackend": "colocated", "new_groups": "colocated",
@@ -14,15 +14,4 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name not in _WHERE:
-        raise AttributeError(f"module 'rlboost.rollout' has no attribute {name!r}")
-    value = getattr(import_module(f"rlboost.rollout.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

@@ -86,6 +86,8 @@ class StepState:
         self.done = not self.tracked
         self._released = False
         self._commands: list[Command] = []
+        self._running: dict[str, Tracked] = {}
+        """Request id -> the sample of every attempt running now (any other request id is stale)."""
         self._aborts: dict[int, PendingAbort] = {}
         self._handoffs: set[int] = set()
         self._abort_ids = itertools.count(1)
@@ -209,15 +211,15 @@ class StepState:
         if w is None or w.status is WorkerStatus.DEAD:
             stats.fenced_tokens_dropped += count
             return
-        uid = request_id.rpartition("#")[0]
-        track = self.tracked.get(uid)
-        if track is None or track.request_id != request_id or track.state is not SampleState.RUNNING:
+        track = self._running.get(request_id)
+        if track is None or track.worker != worker:
             stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
             return
         if version != self.version:
-            raise StepError(f"sample {uid}: tokens of weight version {version} in a step at version {self.version}")
+            raise StepError(f"sample {track.uid}: tokens of weight version {version} in a step at version "
+                            f"{self.version}")
         if track.base + offset != track.tokens:
-            raise StepError(f"sample {uid}: chunk at response offset {track.base + offset} but {track.tokens} "
+            raise StepError(f"sample {track.uid}: chunk at response offset {track.base + offset} but {track.tokens} "
                             "tokens received (a gap or a duplicate)")
         self.now = now
         self._accept(track, w, count, version, token_ids, logprobs)
@@ -464,6 +466,7 @@ class StepState:
             track.attempt += 1
             track.state, track.worker = SampleState.RUNNING, w.name
             track.request_id = f"{uid}#{track.attempt}"
+            self._running[track.request_id] = track
             track.base = track.tokens
             requests.append(Request(uid, track.request_id, track.tokens))
             w.assigned.add(uid)
@@ -498,6 +501,7 @@ class StepState:
         self.stats.tokens_by_worker[w.name] += count
 
     def _finish(self, track: Tracked, w: Worker, reason: str | None) -> None:
+        del self._running[track.request_id]
         track.state, track.worker, track.finish_reason = SampleState.FINISHED, None, reason
         if track.sample is not None:
             track.sample.finish_reason = reason
@@ -531,6 +535,7 @@ class StepState:
 
     def _requeue(self, track: Tracked) -> None:
         """Back to the manager, first in line: it already holds tokens and its group waits on it."""
+        del self._running[track.request_id]
         track.state, track.worker = SampleState.PENDING, None
         track.migrations += 1
         self.pending.appendleft(track.uid)

@@ -6,11 +6,8 @@ workload (`workload`), the event-driven cluster (`cluster`, a shell around the r
 `simulate(SimConfig(...))`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
 the real runtime run at the profile's speed; it is the one module here that the runtime loads."""
 
-from __future__ import annotations
+from rlboost._lazy import lazy_exports
 
-import importlib
-
-# Re-exports resolve on first use (PEP 562): `import rlboost.sim.X` loads X and what it needs, not every module.
 _EXPORTS = {
     "H100": "specs", "MODELS": "specs", "GPUSpec": "specs", "ModelSpec": "specs",
     "EngineProfile": "profile", "ProfileConfig": "profile", "TrainProfile": "profile", "make_profiles": "profile",
@@ -22,13 +19,4 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

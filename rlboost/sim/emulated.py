@@ -344,8 +344,10 @@ class EmulatedEngine:
         return bool(self._reqs)
 
     def progress(self) -> dict[str, int]:
-        """Tokens generated so far by each unfinished request, streamed or not."""
-        return {rid: len(req.out) for rid, req in self._reqs.items()}
+        """Tokens generated so far by each unfinished request, streamed or not (as of the last step)."""
+        made = self.state.progress()
+        return {rid: max(made.get(rid, req.made_before) - req.made_before, len(req.out))
+                for rid, req in self._reqs.items()}
 
     @property
     def num_running(self) -> int:
@@ -383,7 +385,12 @@ class EmulatedEngine:
         self.spec_stats.decode_steps += state.step - steps0
         return self._emit(set(finished))
 
-    def _emit(self, finished: set[str]) -> list[StreamChunk]:
+    def flush(self) -> list[StreamChunk]:
+        """A chunk of every unfinished request's tokens not chunked yet (fewer than stream_interval)."""
+        self._flush()
+        return self._emit(set(), everything=True)
+
+    def _emit(self, finished: set[str], everything: bool = False) -> list[StreamChunk]:
         progress = self.state.progress()
         interval = self.config.stream_interval
         chunks = []
@@ -391,7 +398,7 @@ class EmulatedEngine:
             req = self._reqs[rid]
             done = rid in finished
             self._materialize(req, req.target if done else progress[rid])
-            while len(req.out) - req.streamed >= interval or (done and req.streamed < len(req.out)):
+            while (len(req.out) - req.streamed >= interval or ((done or everything) and req.streamed < len(req.out))):
                 n = min(interval, len(req.out) - req.streamed)
                 last = done and req.streamed + n == len(req.out)
                 chunks.append(StreamChunk(rid, req.out[req.streamed:req.streamed + n],

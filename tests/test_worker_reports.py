@@ -1,0 +1,65 @@
+"""How a rollout worker reports (rlboost.hybrid.worker.RolloutWorker.stream), in-process on a tiny
+engine: a report leaves the moment a request has a full chunk and carries everyone's tokens, so its
+requests stay in step and it reports about once per stream_interval decode steps however many run;
+at no moment does a request hold more than stream_interval tokens the manager has not received
+(invariant 4); finished requests' last chunks may wait for the next report, and nothing is lost."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlboost.engine import EngineConfig, SamplingParams
+from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
+from rlboost.models import ModelConfig
+
+INTERVAL = 4
+
+
+def worker(report_delay_s: float) -> RolloutWorker:
+    spec = WorkerSpec(ModelConfig(path="tiny:qwen2"), EngineConfig(device="cpu", max_num_seqs=16,
+                      stream_interval=INTERVAL), eos_token_ids=[], heartbeat_interval_s=60.0,
+                      report_delay_s=report_delay_s)
+    w = RolloutWorker(spec)
+    w.engine.load_weights({n: p.detach().clone() for n, p in w.engine.model.named_parameters()}, 0)
+    return w
+
+
+@pytest.mark.parametrize("report_delay_s", [0.0, 60.0])
+def test_reports_keep_requests_in_step_and_never_leave_more_than_an_interval_unreceived(report_delay_s):
+    w = worker(report_delay_s)
+    received: dict[str, int] = {}
+    worst = {"unreceived": 0, "steps": 0}
+    step = w.engine.step
+
+    def checked_step():
+        chunks = step()
+        worst["steps"] += 1
+        for rid, generated in w.engine.progress().items():  # after every engine step, not just at reports
+            worst["unreceived"] = max(worst["unreceived"], generated - received.get(rid, 0))
+        return chunks
+
+    w.engine.step = checked_step
+    # requests of different lengths, added at different moments: their chunks fall out of phase
+    lengths = {f"r{i}": 10 + 7 * i for i in range(8)}
+    stream = w.stream()
+    reports = []
+    for i, (rid, n) in enumerate(lengths.items()):
+        w.submit([(rid, [3 + i, 5, 7], SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True), 3)])
+        if i % 3 == 2:
+            reports.append(next(stream))
+            for c in reports[-1].chunks:
+                received[c.request_id] = c.offset + len(c.token_ids)
+    finished: dict[str, str] = {}
+    while len(finished) < len(lengths):
+        report = next(stream)
+        reports.append(report)
+        for c in report.chunks:
+            assert c.offset == received.get(c.request_id, 0), "a gap or a repeat in a request's chunks"
+            received[c.request_id] = c.offset + len(c.token_ids)
+            if c.finished:
+                finished[c.request_id] = c.finish_reason
+    assert received == lengths  # every token arrived, exactly once
+    assert worst["unreceived"] <= INTERVAL
+    assert sum(r.steps for r in reports) == worst["steps"]
+    # in step: about one report per interval decode steps, not one per step
+    assert len(reports) <= worst["steps"] / INTERVAL + len(lengths) + 3, (len(reports), worst["steps"])
