@@ -34,16 +34,28 @@ def test_removed_nodes_lose_no_sample(fleet):
     fleet.wait_ready(timeout_s=patience(120))
     assert len(fleet.manager.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
-    # the node goes, its worker process stays: only the node table says it is gone
+    # the node goes, its worker process stays: only the cluster (the node table, or the actor's death it
+    # reports) says it is gone. The worker is held still until then, so it cannot finish its share first
+    # and the step always has samples to rescue from it, however fast the machine.
     victim = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
+    worker = psutil.Process(victim.pid)
 
     def remove_node_only(run):  # once it works on the step
+        worker.suspend()
         for proc in [node, *node.children(recursive=True)]:
             if proc.pid != victim.pid:
                 proc.kill()
 
-    out, run = run_step(fleet, faults=[(after_tokens(lambda run: victim.name, 8), remove_node_only)])
+    def resume(run):  # fenced by now: whatever it still sends must be ignored
+        worker.resume()
+
+    faults = [(after_tokens(lambda run: victim.name, 8), remove_node_only), (lambda run: run.stats.deaths, resume)]
+    try:
+        out, run = run_step(fleet, faults=faults)
+    finally:
+        if worker.is_running():
+            worker.resume()
     check_invariants(out, run, ref)
     [(_, name, reason)] = run.stats.deaths
     # found out from the cluster (the node table, or the actor's death it reports), not by waiting out

@@ -10,10 +10,8 @@ import random
 
 import pytest
 
-from rlboost.policies import Balancer
-from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
-                                        StepConfig, StepError, StepState, Submit)
-from step_script import Script, expected_tokens, step
+from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, Partial, ReleaseReserved, StepConfig, StepError, StepState, Submit)
+from step_script import Script, step
 
 
 def submitted(commands) -> dict[str, list[str]]:

@@ -94,8 +94,9 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
     for key in ("critic/score/mean", "response_length/mean", "actor/pg_loss"):
         assert m[1][key] == pytest.approx(colocated[1][key], rel=1e-4), key
     assert sum(m[s]["spot/preemptions"] for s in m if s) > 0 and sum(m[s]["spot/joins"] for s in m if s) > 0
-    # how much the instances generate depends on when they boot and die on this machine: only that they did
-    assert all(m[s]["rollout/preemptible_token_share"] > 0 for s in range(1, 9))
+    # how much the instances generate, and in which steps, depends on when they boot and die on this
+    # machine: only that they did
+    assert sum(m[s]["rollout/preemptible_token_share"] for s in range(1, 9)) > 0
     for key in ("migration/samples", "migration/wasted_tokens", "timing_s/seed", "timing_s/wait_train",
                 "timing_s/wait_remote", "spot/instances", "val/score/mean"):
         assert key in m[4], key

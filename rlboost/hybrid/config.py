@@ -105,9 +105,9 @@ class HybridConfig:
     """torch threads per worker process."""
     heartbeat_interval_s: float = 1.0
     """An idle worker reports at least this often."""
-    manager_cpu_share: float = 0.03
+    manager_cpu_share: float = 0.02
     """The rollout manager's loop paces its turns so that its own CPU stays near this share of the
-    time (turns 20-100 ms apart): with many workers a turn costs more, so turns come further apart
+    time (turns 20-200 ms apart): with many workers a turn costs more, so turns come further apart
     and each handles more reports."""
     report_delay_s: float = 0.05
     """How long a worker may hold a report that carries only finished requests' last chunks, waiting
