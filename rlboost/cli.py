@@ -87,19 +87,29 @@ def _add_config_arguments(parser: argparse.ArgumentParser, cls) -> None:
             parser.add_argument(flag, dest=f.name, type=kind, default=default, help=help_text)
 
 
+BENCH_LOGS = Path("outputs") / "bench"
+"""Where `rlboost bench NAME` writes its log (NAME.log): Ray's messages, the run's events."""
+
+
 def _bench(args: argparse.Namespace) -> int:
+    from rlboost.run_log import run_log
+    from rlboost.tables import log_for, print_line, print_output
+
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
-    kwargs = {"log": console.log} if "log" in inspect.signature(run).parameters else {}
-    with console.status(BENCHES[args.what][2]):
+    kwargs = {"log": log_for(console)} if "log" in inspect.signature(run).parameters else {}
+    # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the
+    # console keeps the bench's own lines and the events
+    log = BENCH_LOGS / f"{args.what}.log"
+    with run_log(log, console), console.status(BENCHES[args.what][2]):
         result = run(cfg, **kwargs)
-    output = render(result)
-    console.print(output, markup=False) if isinstance(output, str) else console.print(output)
+    print_output(console, render(result))
+    print_line(console, f"log: {log}")
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {path}")
+        print_line(console, f"wrote {path}")
     return 0
 
 
@@ -107,6 +117,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from rlboost.config import ConfigError, load_config
     from rlboost.sim.report import evaluate, plot, render
     from rlboost.sim.simulator import POLICIES, SimConfig
+    from rlboost.tables import print_line, print_output
 
     try:
         base = load_config(SimConfig, args.config, args.overrides)
@@ -118,19 +129,19 @@ def _simulate(args: argparse.Namespace) -> int:
         if "verl" not in policies or "rlboost" not in policies:
             raise ConfigError("--policies must include verl (the reference) and rlboost")
     except (ConfigError, ValueError) as e:
-        console.print(f"[red]error:[/red] {e}")
+        console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
     with console.status(f"simulating {len(args.models.split(','))} models x {len(args.segments)} segments x "
                         f"{len(policies)} policies..."):
         result, runs = evaluate(base, args.models.split(","), args.segments, policies)
-    console.print(render(result))
+    print_output(console, render(result))
     if args.json:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
-        console.print(f"wrote {path}")
+        print_line(console, f"wrote {path}")
     for path in plot(result, runs, Path(args.plots)):
-        console.print(f"wrote {path}")
+        print_line(console, f"wrote {path}")
     return 0
 
 
@@ -174,18 +185,50 @@ SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
-    from rlboost.train import train
+    from rlboost.run_dir import run_folder
+    from rlboost.stopping import EXIT_STATUS, StopRequested
+    from rlboost.train import RUN_LOG, train
 
     config, overrides = args.config, list(args.overrides)
-    if config is None or "=" in config:  # no file: the showcase, with any overrides given
-        overrides = ([config] if config else []) + overrides
-        config = SHOWCASE
-        console.print(f"no config given: running the showcase ({SHOWCASE})")
+    config, base = base_config(config, overrides)
+    console.print(base, markup=False, highlight=False, soft_wrap=True)
     cfg = load_config(RLBoostConfig, config, overrides)
-    run_dir = train(cfg, config)
-    console.print(f"run folder: {run_dir}  (metrics.jsonl, tensorboard/, checkpoints/, report/report.md)")
+    # fixed now, so that a stop can name the folder to resume (a default name carries the start time)
+    cfg.run.output_dir = str(run_folder(cfg.run, config))
+    try:
+        run_dir = train(cfg, config, console)
+    except StopRequested as stop:
+        last = latest_checkpoint(Path(cfg.run.output_dir))
+        kept = (f"the last checkpoint is {last}" if last is not None else
+                f"no checkpoint was written yet (run.save_freq={cfg.run.save_freq}): a restart begins at step 1")
+        command = ["rlboost", "train", *([str(config)] if config != SHOWCASE else []),
+                   *[o for o in overrides if not o.startswith(("run.output_dir=", "run.resume="))],
+                   f"run.output_dir={cfg.run.output_dir}"]
+        console.print(f"{stop}: the step under way was abandoned and every worker shut down; {kept}.\n"
+                      f"resume with:  {' '.join(command)}\n(log: {Path(cfg.run.output_dir) / RUN_LOG})",
+                      markup=False, highlight=False, soft_wrap=True)
+        return EXIT_STATUS
+    console.print(f"run folder: {run_dir}  (metrics.jsonl, run.log, tensorboard/, checkpoints/, report/)",
+                  markup=False, highlight=False, soft_wrap=True)
     return 0
+
+
+GENERIC_SECTIONS = ("data.", "reward.")
+"""Overrides that describe another task: the showcase's task, reward file and hybrid set-up would not fit it."""
+
+
+def base_config(config: str | None, overrides: list[str]) -> tuple[str | Path | None, str]:
+    """The config file `rlboost train` starts from, and the line that says so. With no file: the
+    showcase when no override names another task, else the built-in defaults (RLBoostConfig's:
+    colocated rollout, the built-in reward functions chosen by each row's data_source)."""
+    if config is not None:
+        return config, f"config: {config}" + (f" with {len(overrides)} override(s)" if overrides else "")
+    if any(o.startswith(GENERIC_SECTIONS) for o in overrides):
+        return None, ("config: the built-in defaults (colocated rollout, built-in rewards by data_source; "
+                      "see `rlboost/config.py`) with your overrides; no config file given")
+    return SHOWCASE, f"config: the showcase ({SHOWCASE}); no config file given"
 
 
 def build_parser(bench: str | None = None) -> argparse.ArgumentParser:

@@ -14,7 +14,9 @@ generates with version k - 1 and leaves the workers at version k.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from rlboost.config import ConfigError, RLBoostConfig
@@ -33,24 +36,35 @@ from rlboost.models import load_model
 from rlboost.rewards import RewardScorer, load_reward_fn
 from rlboost.rollout import ColocatedRollout, Group, RolloutBackend, new_groups
 from rlboost.run_dir import run_folder
+from rlboost.run_log import run_log
+from rlboost.stopping import StopOnSignal
 from rlboost.spot import CostMeter
 from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
 
+RUN_LOG = "run.log"
 
-def train(cfg: RLBoostConfig, config_path: str | Path | None = None) -> Path:
-    """Run GRPO as configured; returns the run folder."""
-    run = setup(cfg, config_path)
-    try:
-        train_loop(cfg, run)
-    finally:
-        run.rollout.close()
+
+def train(cfg: RLBoostConfig, config_path: str | Path | None = None, console: Console | None = None) -> Path:
+    """Run GRPO as configured; returns the run folder. Its log (`run.log`) gets every message, Ray's
+    included; `console` gets one line per event (an instance preempted, joined) and the progress.
+    Inside the main thread the first SIGINT / SIGTERM stops the run at a safe point: StopRequested
+    is raised once the rollout is aborted and Ray is shut down; the checkpoints on disk are whole."""
+    run_dir = run_folder(cfg.run, config_path)
+    with run_log(run_dir / RUN_LOG, console), StopOnSignal() as stop:
+        run = setup(cfg, config_path, run_dir)
+        stop.install()  # again: starting Ray replaced the SIGTERM handler
+        try:
+            train_loop(cfg, run, stop)
+        finally:
+            run.rollout.close()
     return run.dir  # the tracker wrote the report (tracking.report) when it closed
 
 
-def train_loop(cfg: RLBoostConfig, run: Run) -> None:
+def train_loop(cfg: RLBoostConfig, run: Run, stop: StopOnSignal | None = None) -> None:
+    stop = stop or StopOnSignal()  # not entered: no handlers, its held() sections are plain blocks
     with MetricsTracker(run.dir, cfg.tracking, total_steps=cfg.run.total_steps, start_step=run.start_step,
-                        run_name=run.dir.name) as tracker:
+                        run_name=run.dir.name) as tracker, showing_status(run, tracker):
         if run.start_step == 0 and cfg.run.val_before_train and run.val_set.rows:
             tracker.log(0, run.evaluate())
         for step in range(run.start_step + 1, cfg.run.total_steps + 1):
@@ -62,9 +76,11 @@ def train_loop(cfg: RLBoostConfig, run: Run) -> None:
             metrics["timing_s/step"] = time.perf_counter() - t0
             metrics["perf/throughput"] = metrics["perf/total_num_tokens"] / metrics["timing_s/step"]
             metrics |= cost_metrics(run.cost, metrics)
-            tracker.log(step, metrics)
-            if due(step, cfg.run.save_freq, cfg.run.total_steps):
-                run.save(step)
+            with stop.held():  # a step's metrics and its checkpoint are written whole or not at all
+                tracker.log(step, metrics)
+                if due(step, cfg.run.save_freq, cfg.run.total_steps):
+                    run.phase = "saving a checkpoint"
+                    run.save(step)
 
 
 @dataclasses.dataclass
@@ -92,10 +108,24 @@ class Run:
     version: int
     """Weight version the rollout workers serve (= optimizer updates so far)."""
     cost: CostMeter
+    step: int = 0
+    """The step under way (0: the evaluation before the first)."""
+    phase: str = "starting"
+    """What the loop is doing: rollout, training, publishing weights, testing, saving a checkpoint."""
+
+    def status(self) -> str:
+        """One line on what the step under way is doing now, for the console (any thread)."""
+        live = self.rollout.live()
+        rollout = live.describe() if live is not None and live.phase != "done" else ""
+        # while the rollout streams, its own phase says what the trainer does (seeding: waits; offloaded:
+        # trains on the groups as they come)
+        phase = "" if rollout and self.phase in ("rollout", "training") else self.phase
+        return f"step {self.step}: " + " · ".join(part for part in (phase, rollout) if part)
 
     def rl_step(self, step: int) -> dict[str, float]:
         """One RL step; returns its metrics (veRL's names, plus spot/* and migration/* in hybrid mode)."""
         cfg = self.cfg
+        self.step, self.phase = step, "rollout"
         metrics: dict[str, float] = {"timing_s/reward": 0.0}
         batch = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
         groups = new_groups(step, batch, cfg.rollout.n, cfg.run.seed)
@@ -112,12 +142,14 @@ class Run:
         t0 = time.perf_counter()
         stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
         t1 = time.perf_counter()
+        self.phase = "training"
         metrics |= self.trainer.train_step(scored(stream), len(groups))
         train_s = time.perf_counter() - t1 - metrics["timing_s/reward"]
         metrics |= self.rollout.step_metrics(train_s)
         metrics.setdefault("timing_s/gen", t1 - t0)
         # the backend knows what of train_s was not training (hybrid: the seeding window, waits for groups)
         metrics.setdefault("timing_s/update_actor", train_s - metrics.get("timing_s/wait_train", 0.0))
+        self.phase = "publishing weights"
         with timed(metrics, "update_weights"):
             self.rollout.publish(self.trainer.weights(), version=step)
         self.version = step
@@ -129,6 +161,7 @@ class Run:
 
     def evaluate(self) -> dict[str, float]:
         """Mean score of `rollout.val_n` responses per held-out prompt (veRL's `val/score/mean`)."""
+        self.phase = "testing"
         prompts = [(i, ids, row) for i, (ids, row) in enumerate(zip(self.val_set.ids, self.val_set.rows))]
         groups = new_groups(-1, prompts, self.cfg.rollout.val_n, self.cfg.run.seed)
         params = self.sampling(self.cfg.rollout.val_temperature)
@@ -155,8 +188,9 @@ class Run:
                               max_tokens=self.cfg.data.max_response_length)
 
 
-def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
-    """Check every input, build engine and trainer, and restore the latest checkpoint if resuming."""
+def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None = None) -> Run:
+    """Check every input, build engine and trainer, and restore the latest checkpoint if resuming.
+    `run_dir`: the run folder (default: where `run` config puts it)."""
     validate(cfg)
     scorer = RewardScorer(load_reward_fn(cfg.reward), cfg.reward.on_error)
     train_rows, val_rows = load_datasets(cfg.data)
@@ -175,7 +209,7 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None) -> Run:
                       pad_token_id=policy.tokenizer.pad_token_id or 0, ref_model=ref)
     loader = PromptLoader(train_set.rows, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
 
-    run_dir = run_folder(cfg.run, config_path)
+    run_dir = run_dir or run_folder(cfg.run, config_path)
     restored = resume(cfg, run_dir, trainer, loader)
     start_step = int(restored.get("global_step", 0))
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -305,6 +339,28 @@ def cost_metrics(meter: CostMeter, metrics: dict[str, float]) -> dict[str, float
         colocated_s = tokens / reserved_rate + metrics["timing_s/update_actor"]
         out["cost/colocated_est_tokens_per_usd"] = tokens / meter.reserved_only_usd(colocated_s)
     return out
+
+
+@contextmanager
+def showing_status(run: Run, tracker: MetricsTracker, every_s: float = 0.5):
+    """Keep the console's status line up to date from a thread of its own while the block runs."""
+    stop = threading.Event()
+
+    def refresh():
+        while not stop.wait(every_s):
+            try:
+                tracker.status(run.status())
+            except Exception:  # noqa: BLE001 - a status line is not worth a failed run
+                logging.getLogger(__name__).debug("status line failed", exc_info=True)
+
+    thread = threading.Thread(target=refresh, name="rlboost-status", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        tracker.status("")
 
 
 def due(step: int, freq: int, total: int) -> bool:

@@ -15,7 +15,7 @@ import rlboost
 
 ROOT = Path(rlboost.__file__).parent
 LAYERS = [
-    {"policies", "spot", "_lazy"},                                           # pure decisions, utilities
+    {"policies", "spot", "_lazy", "run_log", "stopping", "tables"},          # pure decisions, utilities
     {"engine", "histospec", "models", "data", "rewards", "tracking", "run_dir"},  # engine and its peers
     {"rollout"},                                                             # the step, colocated rollout
     {"hybrid", "trainer", "checkpoint"},                                     # Ray runtime, training

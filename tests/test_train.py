@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_util import patience
 from rlboost.cli import main
 from rlboost.data import arithmetic_rows, write_rows
 from rlboost.rollout import Group, Sample
@@ -145,7 +146,10 @@ def test_hybrid_histospec_and_histopipe_change_nothing_but_speed(tmp_path):
     assert "spec/verify_steps" not in plain[1]
 
 
-def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
+def test_a_killed_or_stopped_run_resumes_to_the_same_metrics(tmp_path, how):
+    """SIGKILL: a hard kill, no cleanup. SIGINT (Ctrl-C): a clean stop, exit status 130, a line naming
+    the command that resumes; either way the resumed run continues exactly."""
     reward = tmp_path / "digits.py"
     reward.write_text(DIGITS_REWARD)
     common = [f"reward.path={reward}", "run.total_steps=4", "run.save_freq=2", "run.test_freq=2",
@@ -154,21 +158,30 @@ def test_a_killed_run_resumes_to_the_same_metrics(tmp_path):
     gate = killed / "checkpoints" / "global_step_2" / "state.json"
     env = dict(os.environ, RLBOOST_TEST_BLOCK_AFTER=str(gate))
     proc = subprocess.Popen([sys.executable, "-m", "rlboost.cli", "train", SMOKE, f"run.output_dir={killed}",
-                             *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             *common], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + patience(120)
         while not gate.exists():  # step 3 blocks in its reward function once checkpoint 2 is complete
-            assert proc.poll() is None, proc.stderr.read().decode()
+            assert proc.poll() is None, proc.stdout.read()
             assert time.monotonic() < deadline, "the run never wrote checkpoint 2"
             time.sleep(0.05)
-        time.sleep(0.5)
-        proc.send_signal(signal.SIGKILL)  # a hard kill: no cleanup, no final report
+        proc.send_signal(getattr(signal, how))  # SIGKILL: no cleanup, no final report
+        output, _ = proc.communicate(timeout=patience(60))
     finally:
         proc.kill()
         proc.wait()
     assert sorted(metrics_of(killed)) == [0, 1, 2]
+    if how == "SIGINT":
+        assert proc.returncode == 130, output
+        assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+        assert f"the last checkpoint is {killed / 'checkpoints' / 'global_step_2'}" in output, output
+        [command] = [line.split("resume with:", 1)[1].split() for line in output.splitlines() if "resume with:" in line]
+        assert command[:3] == ["rlboost", "train", SMOKE] and f"run.output_dir={killed}" in command, command
+        resume = command[2:]
+    else:
+        resume = [SMOKE, f"run.output_dir={killed}", *common]
 
-    assert main(["train", SMOKE, f"run.output_dir={killed}", *common]) == 0  # run.resume=auto
+    assert main(["train", *resume]) == 0  # run.resume=auto
     uninterrupted = train(tmp_path, *common, name="uninterrupted")
 
     got, want = metrics_of(killed), metrics_of(uninterrupted)

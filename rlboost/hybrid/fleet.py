@@ -11,6 +11,7 @@ finds out the way it would on a real cluster.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import threading
@@ -24,7 +25,8 @@ from rlboost.hybrid import weights as weight_store
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
 from rlboost.hybrid.manager import RolloutManager
-from rlboost.hybrid.ray_setup import kill_node_process, start_local_cluster, start_local_ray, start_node_process
+from rlboost.hybrid.ray_setup import (kill_node_process, route_ray_messages, start_local_cluster, start_local_ray,
+                                      start_node_process)
 from rlboost.hybrid.wire import WeightManifest
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
@@ -61,6 +63,7 @@ class Fleet:
         if ray.is_initialized():
             raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
         if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
+            route_ray_messages()
             ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
         elif cfg.instances == "nodes":
             self.cluster = start_local_cluster(cfg.ray, {RESERVED: MANY}, os.cpu_count(), FAST_NODE_HEALTH)
@@ -130,6 +133,7 @@ class Fleet:
                 self.start(PREEMPTIBLE, count, node_id)
             except Exception as e:  # noqa: BLE001 - a failed boot is a missing instance, not a failed run
                 self.boot_failures.append(first_line(e))
+                logging.getLogger(__name__).warning("an instance failed to boot: %s", first_line(e))
             finally:
                 with self._lock:
                     self.starting -= count
@@ -163,12 +167,14 @@ class Fleet:
         return sorted((h for h in self.manager.alive(PREEMPTIBLE) if h.name not in self.killed | self.released),
                       key=lambda h: h.name)
 
-    def preempt(self, handle: WorkerHandle, how: str | None = None) -> None:
-        """Hard-kill an instance, as a cloud provider would; tells the manager nothing."""
+    def preempt(self, handle: WorkerHandle, how: str | None = None, by: str = "a hard kill") -> None:
+        """Hard-kill an instance, as a cloud provider would; tells the manager nothing it acts on (it
+        finds the death itself), only who did it (`by`), for the console's line about it."""
         how = how or self.cfg.preempt_with
         if handle.name in self.killed:
             return  # its pid may belong to another process by now
         self.killed.add(handle.name)
+        self.manager.causes[handle.name] = f"preempted by {by}"
         self._ended(handle.name)
         if how == "node":
             node = self.nodes.pop(handle.name, None)

@@ -47,6 +47,7 @@ from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.wire import WeightManifest
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
 from rlboost.rollout.sample import Group
+from rlboost.run_log import event
 
 
 class RolloutManager:
@@ -65,6 +66,9 @@ class RolloutManager:
         """Ends an instance given back (the fleet kills its actor and node); None: kill the actor."""
         self.deaths_between_steps: list[tuple[str, str, bool]] = []
         """(worker, reason, preempted) of workers declared dead while no step ran."""
+        self.causes: dict[str, str] = {}
+        """Worker -> who ended it ("preempted by the trace"), told by whoever killed it, for the
+        console's line when its death is found; never an input to a decision."""
 
     @property
     def manifest(self) -> WeightManifest | None:
@@ -223,10 +227,22 @@ class RolloutManager:
         if not h.alive:
             return
         h.lifecycle, h.fenced, h.released = Lifecycle.DEAD, reason, released
-        if self.run is not None:
-            self.run.state.dead(h.name, reason, now, released)
-        else:
+        what = "instance" if h.kind == PREEMPTIBLE else "reserved worker"
+        cause = self.causes.pop(h.name, None) or f"lost ({reason})"
+        if released:
+            event("instance %s given back (beyond the instance cap)", h.name)
+        if self.run is None:
             self.deaths_between_steps.append((h.name, reason, h.kind == PREEMPTIBLE and not released))
+            if not released:
+                event("%s %s %s between steps: no samples in flight", what, h.name, cause)
+            return
+        state = self.run.state
+        worker = state.workers.get(h.name)
+        held, wasted = (len(worker.assigned) if worker is not None else 0), state.stats.wasted_tokens
+        state.dead(h.name, reason, now, released)
+        if not released:
+            event("%s %s %s: %d samples migrated, %d tokens lost", what, h.name, cause, held,
+                  state.stats.wasted_tokens - wasted)
 
     def retire(self, h: WorkerHandle, now: float) -> None:
         """End a worker given back: it holds nothing any more."""

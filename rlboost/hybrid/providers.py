@@ -84,7 +84,7 @@ class FixedPool(Provider):
             victims = self.running()
             if victims:
                 victim = self.rng.choice(victims)
-                self.fleet.preempt(victim)
+                self.fleet.preempt(victim, by=f"the seeded random preemptions (one per ~{self.every_s:g} s)")
                 self.kills.append(victim.name)
         if self.respawn:
             target = self.size if self.cap is None else min(self.size, self.cap)
@@ -105,7 +105,7 @@ class TraceProvider(Provider):
             self.events.append((now_s, "notice", name))
         for name in actions.kill:
             if name in running:
-                self.fleet.preempt(running[name])
+                self.fleet.preempt(running[name], by="the trace")
                 self.kills.append(name)
                 self.events.append((now_s, "kill", name))
         for name in actions.release:

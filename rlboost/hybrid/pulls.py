@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rlboost.run_log import event
 from rlboost.hybrid.handles import PREEMPTIBLE, Call, Lifecycle, WorkerHandle, first_line
 from rlboost.hybrid.wire import PullResult, WeightManifest
 
@@ -134,6 +135,8 @@ class PullTracker:
             h.ready = now
             if h.kind == PREEMPTIBLE:
                 self.stats.provision_s.append(now - h.launched)
+                event("instance %s joined: weights v%d pulled in %.1f s, serving %.1f s after its launch",
+                      h.name, h.version, result.seconds, now - h.launched)
         if h.lifecycle in (Lifecycle.JOINING, Lifecycle.PULLING):
             h.lifecycle = Lifecycle.SERVING
         return PullEvent(h, True, seconds=result.seconds)

@@ -17,8 +17,10 @@ Three choices, all by default:
   and cannot reach the loopback-only GCS. The dashboard stays off and its (module-less) head
   process listens nowhere; Ray's usage-stats reporting is turned off.
 * Quiet driver. Worker and raylet logs stay in Ray's session folder (`/tmp/ray/session_*/logs`)
-  instead of being echoed to the console, where every hard kill of an instance would print Ray's
-  "worker died" warning; what a failed call raised still reaches the driver with its exception.
+  instead of being echoed to the console, and the messages Ray's raylets publish to the driver (a
+  paragraph on every worker death, which is every preemption here) go to the `rlboost.ray` logger,
+  that is the run's log file (`rlboost.run_log`), not stdout; what a failed call raised still
+  reaches the driver with its exception.
 
 Both start functions change this process's environment (`os.environ`) so that every Ray process
 started later, including nodes added with `add_node`, gets the same settings.
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING
 import ray
 
 from rlboost.hybrid.config import LOOPBACK, RaySecurityConfig
+from rlboost.run_log import RAY_MESSAGES
 
 if TYPE_CHECKING:
     from ray.cluster_utils import Cluster
@@ -49,10 +52,33 @@ SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
 
 
+def route_ray_messages() -> None:
+    """Send what Ray's raylets publish to this driver to the `rlboost.ray` logger instead of stdout.
+
+    Ray prints them from a thread of the driver through `ray._private.worker.print_to_stdstream`
+    (even with log_to_driver=False), a module global looked up at each call, so replacing it routes
+    them; there is no public switch. Idempotent; a Ray without that function keeps printing (and the
+    quiet-console test fails)."""
+    from ray._private import worker as ray_worker
+
+    printer = getattr(ray_worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "routed_by_rlboost", False):
+        return
+
+    def to_log(data: dict, ignore_prefix: bool = False) -> None:
+        log = logging.getLogger(RAY_MESSAGES)
+        for line in data.get("lines", ()):
+            log.info("(%s) %s", data.get("pid", "ray"), line)
+
+    to_log.routed_by_rlboost = True
+    ray_worker.print_to_stdstream = to_log
+
+
 def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int) -> None:
     """Start a one-node local Ray and connect this process to it, per `security`: token auth on,
     servers on `bind_host`, dashboard off, only errors logged."""
     _prepare(security)
+    route_ray_messages()
     ray.init(address="local", num_cpus=num_cpus, resources=dict(resources), include_dashboard=False,
              dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR",
              log_to_driver=False)
@@ -69,6 +95,7 @@ def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, f
     `security`. Add nodes with `add_node(cluster, security, ...)`; remove them with
     `cluster.remove_node`; stop with `ray.shutdown()` then `cluster.shutdown()`."""
     _prepare(security)
+    route_ray_messages()
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={

@@ -19,7 +19,7 @@ from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import merged, spec_metrics
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, Lifecycle
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.providers import make_provider
 from rlboost.hybrid.pulls import PullStats
@@ -27,7 +27,7 @@ from rlboost.hybrid.step_run import StepRun
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController, StepTimings
-from rlboost.rollout.sample import Group
+from rlboost.rollout.sample import Group, RolloutProgress
 from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_lengths
 
 
@@ -56,6 +56,7 @@ class HybridRollout:
         self.last_pulls = PullStats()
         """What the weight pulls did during the last step (provisioning times, failures, refusals)."""
         self.released_at: float | None = None  # when the last step's trainer got the reserved resources
+        self.training = False  # whether the step under way trains (an evaluation does not)
         self.instances_at_start = 0
         self.step_started = time.monotonic()
         self.seed_window_s = cfg.seed_window_s
@@ -65,6 +66,7 @@ class HybridRollout:
         the end (evaluation)."""
         self.instances_at_start = self._instances()
         self.step_started = time.monotonic()
+        self.training = training
         self.fleet.reap()
         order = overruns = None
         if training:
@@ -154,6 +156,21 @@ class HybridRollout:
         } | ({"histopipe/overruns_moved": float(stats.overruns_moved),
               "histopipe/history_prompts": float(len(self.histopipe.history))} if self.histopipe is not None else {}) \
           | (spec_metrics(self._spec_stats(), len(self.history)) if self.history is not None else {})
+
+    def live(self) -> RolloutProgress | None:
+        """The step's rollout now, read from another thread: counters and snapshots only."""
+        run = self.run
+        if run is None:
+            return None
+        state = run.state
+        lifecycles = [h.lifecycle for h in self.manager.alive(PREEMPTIBLE)]
+        serving = sum(lc is Lifecycle.SERVING for lc in lifecycles)
+        pulling = sum(lc in (Lifecycle.JOINING, Lifecycle.PULLING) for lc in lifecycles)
+        phase = "done" if state.done else "generating" if not self.training else \
+            "seeding" if state.seeding else "offloaded"
+        return RolloutProgress(phase, state.num_finished, len(state.tracked),
+                               sum(list(state.stats.tokens_by_kind.values())), time.monotonic() - run.t0,
+                               state.stats.wasted_tokens, (serving, pulling, self.fleet.starting))
 
     def _instances(self) -> int:
         """n of the controller: instances admitted or booting, the units of the cap the provider

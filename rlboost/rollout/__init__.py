@@ -10,7 +10,7 @@ from rlboost._lazy import lazy_exports
 _WHERE = {
     "ColocatedRollout": "colocated", "RolloutBackend": "colocated", "new_groups": "colocated",
     "run_colocated": "colocated", "sample_seed": "colocated",
-    "Group": "sample", "Sample": "sample",
+    "Group": "sample", "RolloutProgress": "sample", "Sample": "sample",
 }
 
 __all__ = sorted(_WHERE)

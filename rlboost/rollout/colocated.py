@@ -8,6 +8,7 @@ order, exactly as it will when samples stream in from many workers.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import spec_metrics
 from rlboost.engine.rng import derive_seed
 from rlboost.policies.histopipe import HistoPipe
-from rlboost.rollout.sample import Group, Sample
+from rlboost.rollout.sample import Group, RolloutProgress, Sample
 from rlboost.rollout.scheduling import dispatch_order, record_lengths
 
 
@@ -38,10 +39,18 @@ def new_groups(step: int, prompts: Sequence[tuple[int, list[int], object]], n: i
     return groups
 
 
+@dataclasses.dataclass
+class _Counts:
+    done: int = 0
+    tokens: int = 0
+
+
 def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams,
-                  order: list[str] | None = None) -> Iterator[Group]:
+                  order: list[str] | None = None, counts: _Counts | None = None) -> Iterator[Group]:
     """Generate every sample of `groups` on `engine`; yield each group as soon as it is complete.
-    `order`: the sample uids in the order to admit them (HistoPipe's), when the batch exceeds the engine."""
+    `order`: the sample uids in the order to admit them (HistoPipe's), when the batch exceeds the engine.
+    `counts`: kept up to date with the samples finished and tokens generated (for the live view)."""
+    counts = counts if counts is not None else _Counts()
     by_uid = {s.uid: s for g in groups for s in g.samples}
     group_of = {s.uid: g for g in groups for s in g.samples}
     remaining = {g.index: len(g.samples) for g in groups}
@@ -57,7 +66,9 @@ def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams
             sample.response_ids += chunk.token_ids
             sample.logprobs += chunk.logprobs
             sample.versions += [chunk.weight_version] * len(chunk.token_ids)
+            counts.tokens += len(chunk.token_ids)
             if chunk.finished:
+                counts.done += 1
                 sample.finish_reason = chunk.finish_reason
                 group = group_of[sample.uid]
                 remaining[group.index] -= 1
@@ -87,6 +98,10 @@ class RolloutBackend(Protocol):
     def load_state_dict(self, state: dict) -> None:
         """Restore `state_dict()`'s output; {} (a fresh start or an older checkpoint) changes nothing."""
 
+    def live(self) -> RolloutProgress | None:
+        """What the step's rollout is doing now (called from another thread, so it reads counters
+        only); None: no rollout under way."""
+
     def close(self) -> None:
         """Release workers and processes."""
 
@@ -99,6 +114,8 @@ class ColocatedRollout:
     def __init__(self, engine: LLMEngine, history: HistoryStore | None = None, histopipe: HistoPipe | None = None):
         self.engine, self.history, self.histopipe = engine, history, histopipe
         self._to_remember: list[Group] = []
+        self._live: tuple[int, float, _Counts] | None = None
+        """(samples, start, counts) of the generation under way."""
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """Every group of the step, in completion order; all generated before the first is handed out."""
@@ -106,7 +123,12 @@ class ColocatedRollout:
             raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
         order = dispatch_order(self.histopipe, groups, version) if training and self.histopipe else None
         self.engine.wake()
-        done = list(run_colocated(self.engine, groups, params, order))
+        counts = _Counts()
+        self._live = (sum(len(g.samples) for g in groups), time.monotonic(), counts)
+        try:
+            done = list(run_colocated(self.engine, groups, params, order, counts))
+        finally:
+            self._live = None
         self.engine.sleep()
         if training:
             self._to_remember = done
@@ -140,6 +162,13 @@ class ColocatedRollout:
             self.engine.drafter.invalidate()
         if self.histopipe is not None and "histopipe" in state:
             self.histopipe.load_state_dict(state["histopipe"])
+
+    def live(self) -> RolloutProgress | None:
+        live = self._live
+        if live is None:
+            return None
+        samples, start, counts = live
+        return RolloutProgress("generating", counts.done, samples, counts.tokens, time.monotonic() - start)
 
     def close(self) -> None:
         pass

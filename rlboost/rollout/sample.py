@@ -1,4 +1,5 @@
-"""What a rollout produces: samples (one response each) and GRPO groups (a prompt's `n` samples)."""
+"""What a rollout produces: samples (one response each), GRPO groups (a prompt's `n` samples), and
+while it runs, its progress."""
 
 from __future__ import annotations
 
@@ -46,3 +47,34 @@ class Group:
     @property
     def finished(self) -> bool:
         return all(s.finished for s in self.samples)
+
+
+@dataclass(frozen=True)
+class RolloutProgress:
+    """What the step's rollout is doing now: the console's live view of it."""
+
+    phase: str
+    """generating (colocated), seeding (the reserved workers alone, in the seeding window), offloaded
+    (the instances generate while the trainer trains), or done."""
+    samples_done: int
+    samples: int
+    tokens: int
+    """Generated in the step so far."""
+    elapsed_s: float
+    wasted_tokens: int = 0
+    instances: tuple[int, int, int] | None = None
+    """(serving, pulling weights, booting) preemptible instances; None: a backend without any."""
+
+    def describe(self) -> str:
+        """One line: `offloaded · 41/64 samples · instances 3 serving, 1 booting · 812 tok/s · 0 tokens lost`."""
+        parts = [self.phase, f"{self.samples_done}/{self.samples} samples"]
+        if self.instances is not None:
+            serving, pulling, booting = self.instances
+            counts = [f"{serving} serving"] + [f"{n} {what}" for n, what in ((pulling, "pulling"), (booting, "booting"))
+                                                if n]
+            parts.append("instances " + ", ".join(counts))
+        if self.elapsed_s > 0:
+            parts.append(f"{self.tokens / self.elapsed_s:,.0f} tok/s")
+        if self.instances is not None:
+            parts.append(f"{self.wasted_tokens} tokens lost")
+        return " · ".join(parts)

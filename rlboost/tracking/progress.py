@@ -1,15 +1,19 @@
 """The console sink: a progress bar over training steps with the latest metrics beside it.
 
-On a terminal it is a live `rich` bar:
-`train ━━━━━╸━━━ 3/10 0:00:09 0:00:21 score 0.42 · len 57.1 · val 0.38 · step 3.2s`.
+On a terminal it is a live `rich` bar with a line under it saying what the step under way is doing
+(`status`), redrawn twice a second:
+`train ━━━━━╸━━━ 3/10 0:00:09 0:00:21 score 0.42 · len 57.1 · val 0.38 · step 3.2s`
+`  step 4: offloaded · 41/64 samples · instances 3 serving, 1 booting · 812 tok/s · 0 tokens lost`.
 Anywhere else (CI, tests, `| tee`, a log file) a live bar would fill the log with redraw escape codes,
-so it prints one plain line per step instead: `step 3/10  score 0.42  len 57.1  val 0.38  step 3.2s`.
+so it prints one plain line per step instead: `step 3/10  score 0.42  len 57.1  val 0.38  step 3.2s`,
+and the step's status as a plain line at most every `status_every_s` seconds.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Mapping, Sequence
 
 from rich.console import Console
@@ -98,6 +102,17 @@ class _CountdownColumn(ProgressColumn):
         return Text(f"{hours}:{rest // 60:02d}:{rest % 60:02d}", style="progress.remaining")
 
 
+class _ProgressWithStatus(Progress):
+    """rich's Progress with one line of text under its bars."""
+
+    status = ""
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        if self.status:
+            yield Text(self.status, no_wrap=True, overflow="ellipsis", style="dim")
+
+
 class StepProgress:
     """Progress over steps `start_step+1 .. total_steps` with `metrics` shown beside it.
 
@@ -105,8 +120,11 @@ class StepProgress:
     which also honours FORCE_COLOR / TTY_COMPATIBLE); otherwise one plain line per `update`."""
 
     def __init__(self, total_steps: int, start_step: int = 0, metrics: Sequence[str] = (), *,
-                 description: str = "train", live: bool | None = None, console: Console | None = None):
+                 description: str = "train", live: bool | None = None, console: Console | None = None,
+                 status_every_s: float = 15.0):
         self.total_steps = total_steps
+        self.status_every_s = status_every_s
+        self._status_printed = -math.inf
         self.start_step = start_step
         self._labels = metric_labels(metrics)
         # Latest value of each shown metric, kept across steps: a validation score logged every N
@@ -116,7 +134,7 @@ class StepProgress:
         self.live = self._console.is_terminal if live is None else live
         self._progress: Progress | None = None
         if self.live:
-            self._progress = Progress(
+            self._progress = _ProgressWithStatus(
                 TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), _CountdownColumn(),
                 TextColumn("{task.fields[metrics]}", markup=False),
@@ -140,8 +158,21 @@ class StepProgress:
         self._progress.update(self._task, completed=step, eta_s=eta, eta_at=elapsed,
                               metrics=format_metrics(self._labels, self._latest, " · "))
 
+    def status(self, text: str) -> None:
+        """What the step under way is doing (any thread): the line under the live bar, or a plain line
+        at most every `status_every_s` seconds off a terminal ("" clears it)."""
+        progress = self._progress
+        if progress is not None:
+            progress.status = text
+            return
+        now = time.monotonic()
+        if text and now - self._status_printed >= self.status_every_s:
+            self._status_printed = now
+            print(f"  {text}", file=sys.stdout, flush=True)
+
     def close(self) -> None:
         """Stop the live bar, leaving its last state on screen. Idempotent."""
         if self._progress is not None:
+            self._progress.status = ""
             self._progress.stop()
             self._progress = None

@@ -143,6 +143,9 @@ class ConsoleSink:
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         self._progress.update(step, metrics)
 
+    def status(self, text: str) -> None:
+        self._progress.status(text)
+
     def close(self) -> None:
         self._progress.close()
 
@@ -192,6 +195,12 @@ class MetricsTracker:
         values = {name: to_float(name, value) for name, value in metrics.items()}
         for sink in self._sinks:
             sink.log(step, values)
+
+    def status(self, text: str) -> None:
+        """What the step under way is doing, for the console (any thread; dropped elsewhere)."""
+        for sink in self._sinks:
+            if isinstance(sink, ConsoleSink):
+                sink.status(text)
 
     def close(self) -> None:
         """Close every sink, then write the report if configured. Idempotent."""
