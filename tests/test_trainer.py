@@ -14,21 +14,24 @@ from rlboost.models import ModelConfig, load_model, tiny_model
 from rlboost.rollout import Group, Sample
 from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
 from rlboost.trainer.grpo import group_advantages, kl_k3, ppo_clip_loss
-from rlboost.trainer.logprobs import pad_batch, response_logprobs
+from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
 
 from conftest import random_prompts
 
 MAX_RESPONSE = 12
 
 
-def make_groups(num_groups=4, n=3, seed=0, vocab=256) -> list[Group]:
-    """Groups with random prompts/responses of varied lengths, rewards, and behaviour log-probs."""
+def make_groups(num_groups=4, n=3, seed=0, vocab=256, shared=False) -> list[Group]:
+    """Groups with random prompts/responses of varied lengths, rewards, and behaviour log-probs.
+    `shared`: a group's samples share one prompt (GRPO's shape); otherwise each has its own."""
     rng = random.Random(seed)
     groups = []
     for g in range(num_groups):
         samples = []
         for j in range(n):
-            prompt = random_prompts([rng.randint(3, 9)], vocab, seed=seed * 1000 + g * 10 + j)[0]
+            prompt = random_prompts([rng.randint(3, 9)], vocab, seed=seed * 1000 + g * 10 + (0 if shared else j))[0]
+            if shared and samples:
+                prompt = list(samples[0].prompt_ids)
             response = random_prompts([rng.randint(1, MAX_RESPONSE)], vocab, seed=seed * 1000 + g * 10 + j + 500)[0]
             samples.append(Sample(uid=f"0:{g}:{j}", prompt_ids=prompt, response_ids=response,
                                   logprobs=[-5.5 + rng.uniform(-0.5, 0.5) for _ in response],
@@ -172,3 +175,43 @@ def test_trainer_logprobs_match_the_engines_on_smollm2(smollm2):
         logp, _ = response_logprobs(smollm2.model, batch, 0.7)
     for b, o in enumerate(outs):
         torch.testing.assert_close(logp[b, :len(o.token_ids)], torch.tensor(o.logprobs), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
+def test_a_shared_prompt_gives_the_padded_batchs_logprobs_and_gradients(family):
+    """Each group's prompt run once, its responses on the prompt's expanded keys and values: the same
+    log-probs, entropies and gradients as every sample padded into one batch."""
+    model = tiny_model(family, seed=3)
+    samples = [s for g in make_groups(num_groups=3, n=4, seed=5, shared=True) for s in g.samples]
+    prompts, responses = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
+    params = list(model.parameters())
+    padded, padded_entropy = response_logprobs(model, pad_batch(prompts, responses), 0.8, with_entropy=True)
+    padded_grads = torch.autograd.grad((padded * torch.linspace(-1, 1, padded.numel()).view_as(padded)).sum(),
+                                       params, allow_unused=True)
+    shared, shared_entropy = shared_prompt_logprobs(model, prompts, responses, 0.8, with_entropy=True)
+    shared_grads = torch.autograd.grad((shared * torch.linspace(-1, 1, shared.numel()).view_as(shared)).sum(),
+                                       params, allow_unused=True)
+    assert shared.shape == padded.shape
+    torch.testing.assert_close(shared, padded, rtol=0, atol=2e-5)
+    torch.testing.assert_close(shared_entropy, padded_entropy, rtol=0, atol=2e-5)
+    for a, b in zip(shared_grads, padded_grads):
+        if b is None:
+            assert a is None or not a.any()
+            continue
+        assert_same_up_to_rounding(a, b)
+
+
+def assert_same_up_to_rounding(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Equal within float32 rounding of sums in another order: relative to the tensor's scale, since
+    an element near zero has no relative precision of its own."""
+    assert (a - b).abs().max() <= 1e-4 * b.abs().max() + 1e-7, ((a - b).abs().max(), b.abs().max())
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_sharing_the_prompt_trains_to_the_same_weights(kl_coef):
+    """A whole train step, micro-batches of two groups: the gradient the optimizer sees is the same."""
+    groups = make_groups(num_groups=4, n=4, seed=6, shared=True)
+    on = captured_grads(make_trainer(kl_coef=kl_coef, share_prompt=True, micro_batch_groups=2), copy.deepcopy(groups))
+    off = captured_grads(make_trainer(kl_coef=kl_coef, share_prompt=False, micro_batch_groups=2), copy.deepcopy(groups))
+    for a, b in zip(on, off):
+        assert_same_up_to_rounding(a, b)

@@ -29,6 +29,10 @@ class TrainerConfig:
     of an RL step, i.e. one optimizer step per RL step."""
     micro_batch_groups: int = 1
     """Groups per forward/backward pass; gradients accumulate across micro-batches of a mini-batch."""
+    share_prompt: bool = True
+    """Run each group's prompt once and its `n` responses on top of the prompt's keys and values
+    (`trainer/logprobs.py`): the same log-probs and gradients up to float rounding, the prompt's share
+    of the compute cut n-fold. False: every sample's prompt and response in one padded batch."""
 
     clip_ratio_low: float = 0.2
     """PPO clip: the ratio is clipped below at 1 - clip_ratio_low."""

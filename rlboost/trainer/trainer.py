@@ -25,7 +25,7 @@ from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
-from rlboost.trainer.logprobs import pad_batch, response_logprobs
+from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
 
 
 def use_bf16(dtype: str, device: torch.device) -> bool:
@@ -103,14 +103,14 @@ class Trainer:
         old_logp = old_logp.to(self.device)
 
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            logp, entropy = response_logprobs(self.model, batch, self.temperature, with_entropy=True)
+            logp, entropy = self._logprobs(self.model, samples, batch, with_entropy=True)
         token_loss, clipped, approx_kl = ppo_clip_loss(logp, old_logp, advantages, cfg.clip_ratio_low,
                                                        cfg.clip_ratio_high)
         numerator, denominator = aggregate_parts(token_loss, mask, cfg.loss_agg_mode, self.max_response_length)
         total = numerator
         if self.ref_model is not None:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-                ref_logp, _ = response_logprobs(self.ref_model, batch, self.temperature)
+                ref_logp, _ = self._logprobs(self.ref_model, samples, batch)
             kl_numerator, _ = aggregate_parts(kl_k3(logp, ref_logp), mask, cfg.loss_agg_mode,
                                               self.max_response_length)
             total = total + cfg.kl_coef * kl_numerator
@@ -124,6 +124,12 @@ class Trainer:
         stats.entropy += entropy.sum().item()
         stats.advantages.extend(advantages.tolist())
         return denominator
+
+    def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
+        if self.config.share_prompt:
+            return shared_prompt_logprobs(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                          self.temperature, with_entropy, self.pad_token_id, self.device)
+        return response_logprobs(model, batch, self.temperature, with_entropy)
 
     def _optimizer_step(self, denominator: float, stats: "_StepStats") -> None:
         denominator = max(denominator, 1e-8)
