@@ -4,6 +4,7 @@
     rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--json PATH] [--plots DIR]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost bench NAME [--json PATH] [--<field> VALUE ...]   (NAME: see `rlboost bench --help`)
+    rlboost report RUN_DIR
 
 A bench's flags are its config dataclass's fields (`rlboost/bench/<name>.py`), documented there; lists
 are comma-separated (`--batches 1,8,32`), booleans `--flag` / `--no-flag`. Nothing heavy is imported to
@@ -231,6 +232,19 @@ def base_config(config: str | None, overrides: list[str]) -> tuple[str | Path | 
     return SHOWCASE, f"config: the showcase ({SHOWCASE}); no config file given"
 
 
+def _report(args: argparse.Namespace) -> int:
+    from rlboost.tables import print_line
+    from rlboost.tracking.report import HTML_REPORT, write_report
+
+    try:
+        markdown = write_report(Path(args.run_dir))
+    except ValueError as e:  # no metrics.jsonl, or nothing in it
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
+        return 2
+    print_line(console, f"wrote {markdown} and {markdown.with_name(HTML_REPORT)}")
+    return 0
+
+
 def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     """The command's parser; the flags of bench `bench` only (its module is imported for them)."""
     parser = argparse.ArgumentParser(prog="rlboost", description=__doc__.split("\n")[0])
@@ -265,6 +279,10 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.set_defaults(func=_generate)
 
+    report = commands.add_parser("report", help="(re)build a run folder's report: report/report.md and report.html")
+    report.add_argument("run_dir", help="the run folder (it holds metrics.jsonl), also of a stopped or killed run")
+    report.set_defaults(func=_report)
+
     train = commands.add_parser("train", help="GRPO training (rollout.mode=colocated or hybrid)")
     train.add_argument("config", nargs="?", help="YAML config, e.g. configs/smoke.yaml (default: the showcase, "
                                                  "rlboost/configs/showcase.yaml)")
@@ -288,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (ConfigError, InvalidRequestError, FileNotFoundError, DatasetError, RewardConfigError) as e:
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 2
     except RewardFunctionError as e:  # the run stopped; its checkpoints and metrics so far are kept
-        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False)
+        console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 1
 
 

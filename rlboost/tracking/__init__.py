@@ -1,7 +1,8 @@
 """Run tracking: per-step metrics to console, JSONL, TensorBoard and W&B; the end-of-run report.
 
 Files: config (`TrackingConfig`), sinks (`MetricsTracker` and the sinks it fans out to), progress
-(the console progress bar), report (`report/report.md` and plots from `metrics.jsonl`).
+(the console progress bar), report (`report/report.md` and plots from `metrics.jsonl`), report_html (the
+same as one self-contained page).
 """
 
 from rlboost.tracking.config import TrackingConfig

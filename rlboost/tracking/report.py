@@ -1,7 +1,8 @@
-"""The end-of-run report: `report/report.md` with a summary table and plots, from `metrics.jsonl`.
+"""The end-of-run report: `report/report.md` with a summary table and plots, from `metrics.jsonl`, and
+the same as one self-contained page, `report/report.html` (`report_html`).
 
-It reads only the metrics file, so it can be rebuilt at any time, also for a run that was killed:
-`rlboost.tracking.write_report(run_dir)`. Plots are drawn on a bare `matplotlib.figure.Figure` with
+It reads only the metrics file, so it can be rebuilt at any time, also for a run that was killed or
+stopped: `rlboost report RUN_DIR`, or `rlboost.tracking.write_report(run_dir)`. Plots are drawn on a bare `matplotlib.figure.Figure` with
 the Agg canvas rather than through pyplot, so writing a report neither needs a display nor switches
 the backend of a notebook that calls it.
 """
@@ -15,12 +16,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rlboost.tracking.report_html import write_html
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
 METRICS_FILE = "metrics.jsonl"
 REPORT_DIR = "report"
+HTML_REPORT = "report.html"
 
 SCORE = "critic/score/mean"
 VAL_SCORE = "val/score/mean"
@@ -80,8 +84,8 @@ def read_metrics(path: Path) -> Rows:
 
 
 def write_report(run_dir: Path, title: str = "") -> Path:
-    """Write `run_dir/report/report.md` and its PNG plots from `run_dir/metrics.jsonl`; return the
-    markdown's path. Plots and summary rows whose metrics the run never logged are left out.
+    """Write `run_dir/report/report.md`, its PNG plots and `report.html` (the same, plots inline) from
+    `run_dir/metrics.jsonl`; return the markdown's path. Plots and summary rows whose metrics the run never logged are left out.
     Raises ValueError when the metrics file is missing or holds no metrics."""
     run_dir = Path(run_dir)
     path = run_dir / METRICS_FILE
@@ -93,9 +97,12 @@ def write_report(run_dir: Path, title: str = "") -> Path:
 
     out = run_dir / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {title or run_dir.name}", "", f"Built from `{METRICS_FILE}` ({len(rows)} logged steps).",
+    title, table = title or run_dir.name, summary(rows)
+    intro = f"Built from {METRICS_FILE} ({len(rows)} logged steps)."
+    lines = [f"# {title}", "", f"Built from `{METRICS_FILE}` ({len(rows)} logged steps).",
              "", "## Summary", "", "| metric | value |", "|---|---|"]
-    lines += [f"| {name} | {value} |" for name, value in summary(rows)]
+    lines += [f"| {name} | {value} |" for name, value in table]
+    drawn: list[tuple[str, Path]] = []
     plots: list[tuple[str, str, Callable[[Rows], Figure | None]]] = [
         ("Reward", "reward.png", plot_reward),
         ("Response length", "response_length.png", plot_response_length),
@@ -111,9 +118,11 @@ def write_report(run_dir: Path, title: str = "") -> Path:
             (out / file_name).unlink(missing_ok=True)
             continue
         _save(figure, out / file_name)
+        drawn.append((heading, out / file_name))
         lines += ["", f"## {heading}", "", f"![{heading}]({file_name})"]
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_html(out / HTML_REPORT, title, intro, table, drawn)
     return report
 
 
