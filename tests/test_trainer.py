@@ -177,13 +177,37 @@ def test_trainer_logprobs_match_the_engines_on_smollm2(smollm2):
         torch.testing.assert_close(logp[b, :len(o.token_ids)], torch.tensor(o.logprobs), rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("family", ["qwen2", "llama", "qwen3"])
-def test_a_shared_prompt_gives_the_padded_batchs_logprobs_and_gradients(family):
+def test_a_shared_prompt_gives_the_padded_batchs_logprobs_and_gradients(family, attn):
     """Each group's prompt run once, its responses on the prompt's expanded keys and values: the same
     log-probs, entropies and gradients as every sample padded into one batch."""
-    model = tiny_model(family, seed=3)
+    model = tiny_model(family, seed=3, attn_implementation=attn)
     samples = [s for g in make_groups(num_groups=3, n=4, seed=5, shared=True) for s in g.samples]
-    prompts, responses = [s.prompt_ids for s in samples], [s.response_ids for s in samples]
+    assert_the_paths_agree(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples])
+
+
+def test_a_shared_prompt_at_the_edges():
+    """Responses of one token (nothing to feed after the prompt) and of none, a group of one sample,
+    a prompt that returns after another group, and a micro-batch whose responses are all that short."""
+    a, b, c = (random_prompts([length], 256, seed=seed)[0] for length, seed in ((6, 1), (1, 2), (9, 3)))
+    responses = [random_prompts([length], 256, seed=10 + i)[0] if length else []
+                 for i, length in enumerate([1, 0, 5, 12, 3, 1, 4, 0, 7])]
+    prompts = [a, a, a, a, b, c, c, a, a]
+    model = tiny_model("qwen2", seed=3)
+    assert_the_paths_agree(model, prompts, responses)
+    assert_the_paths_agree(model, [a, a, a, b], [[5], [], [9], [4]])
+
+
+def test_a_shared_prompt_under_a_sliding_window():
+    """The model's own cache keeps only a sliding window's last keys; the prompt's must all be there."""
+    model = tiny_model("qwen2", seed=3, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    samples = [s for g in make_groups(num_groups=2, n=4, seed=5, shared=True) for s in g.samples]
+    assert max(len(s.prompt_ids) for s in samples) > 4
+    assert_the_paths_agree(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples])
+
+
+def assert_the_paths_agree(model, prompts, responses) -> None:
     params = list(model.parameters())
     padded, padded_entropy = response_logprobs(model, pad_batch(prompts, responses), 0.8, with_entropy=True)
     padded_grads = torch.autograd.grad((padded * torch.linspace(-1, 1, padded.numel()).view_as(padded)).sum(),
@@ -215,3 +239,26 @@ def test_sharing_the_prompt_trains_to_the_same_weights(kl_coef):
     off = captured_grads(make_trainer(kl_coef=kl_coef, share_prompt=False, micro_batch_groups=2), copy.deepcopy(groups))
     for a, b in zip(on, off):
         assert_same_up_to_rounding(a, b)
+
+
+def test_a_train_step_with_a_shared_prompt_reports_and_updates_the_same():
+    """Metrics and updated weights of a whole step (two mini-batches, micro-batches of two groups).
+    SGD-like Adam settings: Adam's first update is lr * sign(grad), which float rounding can flip where a
+    gradient is near zero; a large eps makes it lr * grad / eps, as continuous in the gradient as SGD."""
+    groups = make_groups(num_groups=4, n=4, seed=8, shared=True)
+    trainers = [make_trainer(kl_coef=0.1, share_prompt=share, micro_batch_groups=2, mini_batch_groups=2)
+                for share in (True, False)]
+    for t in trainers:
+        for pg in t.optimizer.param_groups:
+            pg["eps"] = 1.0
+    before = [p.detach().clone() for p in trainers[0].params]
+    on, off = (t.train_step(copy.deepcopy(groups), len(groups)) for t in trainers)
+    assert on.keys() == off.keys()
+    for key in on:
+        assert on[key] == pytest.approx(off[key], rel=1e-4, abs=1e-7), key
+    assert on["actor/optimizer_steps"] == 2
+    moved = 0.0
+    for a, b, w in zip(trainers[0].params, trainers[1].params, before):
+        assert_same_up_to_rounding(a.detach() - w, b.detach() - w)
+        moved = max(moved, (b.detach() - w).abs().max().item())
+    assert moved > 1e-5  # the step did move the weights, so equality means something

@@ -8,6 +8,9 @@ Contract (DESIGN.md 2.6):
 - The accumulated gradient equals the full-batch gradient of the same samples for every loss
   aggregation mode, whatever the arrival order: micro-batches back-propagate un-normalised sums and
   the gradient is divided by the mini-batch's normaliser just before the optimizer step.
+- With `share_prompt` (the default) each group's prompt runs once and its `n` responses on the prompt's
+  keys and values (`logprobs.shared_prompt_logprobs`): the same log-probs and gradients as the padded
+  batch up to float rounding, with a fraction of the compute.
 - Behaviour log-probs are the ones the engine streamed with each token (the step's weights); the
   trainer's own log-probs use the same temperature, so the PPO ratio starts at 1.
 - `weights()` is the state dict the engine loads after the step (version k+1).
