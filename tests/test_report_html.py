@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,22 +24,37 @@ def find_browser() -> str | None:
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
 
+# chromium and the libraries it pulls in are ~100 MB from the Debian mirror; a stuck mirror must not hang the suite
+APT_TIMEOUT_S = 600
+# What apt says when the package lists are missing (a fresh image) or stale (their .debs are gone from the
+# mirror): only then is the slow `apt-get update` worth running.
+STALE_LISTS = ("Unable to locate package", "has no installation candidate", "Failed to fetch")
+
+
+def apt_get(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=APT_TIMEOUT_S, check=False,
+                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
     """Debian's chromium, installed here when missing and possible (root and apt); else a skip."""
     if (path := find_browser()) is not None:
         return path
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("no chromium on PATH, and installing it needs root and apt-get")
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "chromium"]
-    for attempt in ([install], [["apt-get", "update"], install]):  # stale package lists: update, then retry
-        try:
-            if all(subprocess.run(cmd, capture_output=True, timeout=900).returncode == 0 for cmd in attempt):
-                break
-        except subprocess.TimeoutExpired:
-            continue
+        pytest.skip("no chromium on PATH (looked for " + ", ".join(BROWSERS) + "), and installing it needs root "
+                    "and apt-get")
+    install = ("install", "-y", "--no-install-recommends", "chromium")
+    try:
+        done = apt_get(*install)
+        if done.returncode != 0 and any(sign in done.stderr for sign in STALE_LISTS):
+            updated = apt_get("update")
+            done = apt_get(*install) if updated.returncode == 0 else updated
+    except subprocess.TimeoutExpired as e:
+        pytest.skip(f"no chromium on PATH, and `{' '.join(e.cmd)}` did not finish in {APT_TIMEOUT_S} s")
     if (path := find_browser()) is None:
-        pytest.skip("chromium is not installed and `apt-get install chromium` failed (no package source?)")
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        pytest.skip(f"no chromium on PATH, and installing it with apt-get failed: {why}")
     return path
 
 
@@ -66,7 +82,8 @@ def test_report_rebuilds_both_files_of_an_interrupted_run(tmp_path, capsys):
     assert main(["report", str(run_dir)]) == 0
     assert "report.html" in capsys.readouterr().out
     page = (run_dir / "report" / "report.html").read_text()
-    assert (run_dir / "report" / "report.md").is_file()
+    assert "(7 logged steps)" in (run_dir / "report" / "report.md").read_text()  # 0-6; the cut-off 7 is skipped
+    assert "(7 logged steps)" in page and "<h1>run</h1>" in page
     assert not re.search(r"(src|href)=\"https?://", page)  # self-contained: nothing from the network
     images = re.findall(r'<img class="plot" id="([^"]+)" alt="[^"]*" src="data:image/png;base64,([^"]+)">', page)
     pngs = sorted(p.stem for p in (run_dir / "report").glob("*.png"))
@@ -79,6 +96,30 @@ def test_report_without_metrics_is_a_clear_error(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     out = capsys.readouterr().out
     assert "metrics.jsonl does not exist" in out and "Traceback" not in out
+    assert not (tmp_path / "report").exists()
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "critic/sco')  # killed while writing its first line
+    assert main(["report", str(tmp_path)]) == 2
+    assert "metrics.jsonl is empty" in capsys.readouterr().out
+
+
+def test_report_of_a_run_stopped_after_its_step_0_validation(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "val/score/mean": 0.03}) + "\n")
+    assert main(["report", str(tmp_path)]) == 0
+    assert "| val/score/mean | first 0.03 · last 0.03 · best 0.03 (step 0) |" in (
+        tmp_path / "report" / "report.md").read_text()
+    page = (tmp_path / "report" / "report.html").read_text()
+    assert re.findall(r'<img class="plot" id="([^"]+)"', page) == ["reward"]
+    assert "<td>steps</td>" not in page  # no step trained
+
+
+def test_report_command_loads_neither_torch_nor_ray(tmp_path):
+    """`rlboost report` is run on a laptop over a copied run folder: torch and Ray would cost seconds or be
+    missing there."""
+    run_dir = write_run(tmp_path / "run")
+    code = (f"import sys\nfrom rlboost.cli import main\nassert main(['report', {str(run_dir)!r}]) == 0\n"
+            "print('loaded:', *(m for m in ('ray', 'torch') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert out.splitlines()[-1] == "loaded:", out
 
 
 def test_the_html_report_renders_with_its_plots_in_a_headless_browser(tmp_path, chromium):

@@ -2,9 +2,10 @@
 the same as one self-contained page, `report/report.html` (`report_html`).
 
 It reads only the metrics file, so it can be rebuilt at any time, also for a run that was killed or
-stopped: `rlboost report RUN_DIR`, or `rlboost.tracking.write_report(run_dir)`. Plots are drawn on a bare `matplotlib.figure.Figure` with
-the Agg canvas rather than through pyplot, so writing a report neither needs a display nor switches
-the backend of a notebook that calls it.
+stopped: `rlboost report RUN_DIR`, or `rlboost.tracking.write_report(run_dir)`. Each plot is drawn once,
+as a PNG beside report.md, and report.html embeds those same files. Plots are drawn on a bare
+`matplotlib.figure.Figure` with the Agg canvas rather than through pyplot, so writing a report neither
+needs a display nor switches the backend of a notebook that calls it.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ def read_metrics(path: Path) -> Rows:
 
 def write_report(run_dir: Path, title: str = "") -> Path:
     """Write `run_dir/report/report.md`, its PNG plots and `report.html` (the same, plots inline) from
-    `run_dir/metrics.jsonl`; return the markdown's path. Plots and summary rows whose metrics the run never logged are left out.
-    Raises ValueError when the metrics file is missing or holds no metrics."""
+    `run_dir/metrics.jsonl`; return the markdown's path. Plots and summary rows whose metrics the run
+    never logged are left out. Raises ValueError when the metrics file is missing or holds no metrics."""
     run_dir = Path(run_dir)
     path = run_dir / METRICS_FILE
     if not path.is_file():
@@ -150,8 +151,8 @@ def summary(rows: Rows) -> list[tuple[str, str]]:
         steps, values = series(rows, name)
         if values:
             best = max(range(len(values)), key=values.__getitem__)
-            table.append((name, f"first {format_number(values[0])} · last {format_number(values[-1])} · "
-                                f"best {format_number(values[best])} (step {steps[best]})"))
+            table.append((name, (f"first {format_number(values[0])} · last {format_number(values[-1])} · "
+                                 f"best {format_number(values[best])} (step {steps[best]})")))
     _, step_times = series(rows, STEP_TIME)
     if step_times:
         total = sum(step_times)

@@ -23,8 +23,8 @@ img.plot { max-width: 100%; height: auto; border: 1px solid #eee; }
 def write_html(path: Path, title: str, intro: str, summary: list[tuple[str, str]],
                plots: list[tuple[str, Path]]) -> Path:
     """Write the page to `path`: `summary` as (metric, value) rows, `plots` as (heading, PNG file)."""
-    parts = [f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
-             f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>",
+    parts = [(f"<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+              f"<title>{html.escape(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>"),
              f"<h1>{html.escape(title)}</h1>", f"<p>{html.escape(intro)}</p>", "<h2>Summary</h2>",
              "<table>\n<tr><th>metric</th><th>value</th></tr>"]
     parts += [f"<tr><td>{html.escape(name)}</td><td class=\"value\">{html.escape(value)}</td></tr>"
@@ -33,8 +33,8 @@ def write_html(path: Path, title: str, intro: str, summary: list[tuple[str, str]
     for heading, png in plots:
         data = base64.b64encode(png.read_bytes()).decode("ascii")
         parts += [f"<h2>{html.escape(heading)}</h2>",
-                  f"<img class=\"plot\" id=\"{html.escape(png.stem)}\" alt=\"{html.escape(heading)}\" "
-                  f"src=\"data:image/png;base64,{data}\">"]
+                  (f"<img class=\"plot\" id=\"{html.escape(png.stem)}\" alt=\"{html.escape(heading)}\" "
+                   f"src=\"data:image/png;base64,{data}\">")]
     parts.append("</body>\n</html>\n")
     path.write_text("\n".join(parts), encoding="utf-8")
     return path
