@@ -27,7 +27,8 @@ class TrackingConfig:
     report: bool = True
     """When the run ends, write `<run_dir>/report/report.md` with plots (reward, response length, time
     breakdown, and preemptible instances in hybrid runs) built from `metrics.jsonl`; needs the `jsonl`
-    logger. `rlboost.tracking.write_report(run_dir)` rebuilds it any time, also for a run that was killed."""
+    logger, and the same as one page with the plots inline, `report.html`. `rlboost report RUN_DIR` (or
+    `rlboost.tracking.write_report(run_dir)`) rebuilds both any time, also for a run that was stopped or killed."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
