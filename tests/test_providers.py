@@ -30,11 +30,23 @@ def wait_for(predicate, timeout_s: float, what: str):
         time.sleep(0.05)
 
 
+class ScriptedClock:
+    """The provider's clock, set by the test: the trace's moments come when the fleet is ready for them,
+    however long a busy machine takes to boot an instance."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
     # two instances, one vanishes at 16 s (warned 4 s ahead), one comes back at 20 s
     trace = SpotTrace(times_s=(0.0, 16.0, 20.0), counts=(2, 1, 2))
     fleet, _ = start_fleet(tmp_path, num_preemptible=0)
-    provider = TraceProvider(fleet, TraceReplay(trace, seed=0, notice_s=4.0))
+    clock = ScriptedClock()
+    provider = TraceProvider(fleet, TraceReplay(trace, seed=0, notice_s=4.0), clock=clock)
     try:
         provider.set_cap(1)  # the controller allows one: the trace's second is not asked for
         provider.start()
@@ -44,11 +56,21 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
         provider.set_cap(None)
         wait_for(lambda: len(fleet.killable()) == 2, 30, "the second instance")
         before = {h.name: h for h in fleet.killable()}
-        wait_for(lambda: provider.kills, 40, "the notice, then the kill")
+        clock.t = 11.0  # nothing due within 4 s
+        time.sleep(0.5)
+        assert provider.events == []
+        clock.t = 12.5  # the drop at 16 s is now within the notice
+        wait_for(lambda: provider.notices, 10, "the notice")
+        assert provider.kills == [] and len(fleet.killable()) == 2  # warned, still serving
+        clock.t = 16.0
+        wait_for(lambda: provider.kills, 10, "the kill")
         [(noticed_at, _, noticed), (killed_at, _, victim)] = provider.events
         assert noticed in before and victim == noticed  # the instance warned is the one killed...
-        assert 12.0 <= noticed_at < 16.0 <= killed_at  # ...4 s ahead, at the drop
+        assert noticed_at == 12.5 and killed_at == 16.0  # ...ahead of the drop, and at it
         wait_for(lambda: not alive(before[victim].pid), 5, "the victim's process to die")  # a hard kill
+        time.sleep(0.5)
+        assert len(fleet.killable()) + fleet.starting == 1  # no replacement before the trace offers one
+        clock.t = 20.0
         wait_for(lambda: len(fleet.killable()) == 2 and victim not in {h.name for h in fleet.killable()}, 40,
                  "the replacement at 20 s")
         assert provider.errors == []

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.handles import PREEMPTIBLE
@@ -27,10 +28,13 @@ TICK_S = 0.1
 
 
 class Provider:
-    """Shared loop: `tick(now)` every TICK_S seconds until `stop()`; `cap` from the controller."""
+    """Shared loop: `tick(now)` every TICK_S seconds until `stop()`; `cap` from the controller.
+    `now` is seconds since `start()` on `clock` (the monotonic clock; a test passes its own to script
+    the schedule at exact moments)."""
 
-    def __init__(self, fleet: Fleet):
+    def __init__(self, fleet: Fleet, clock: Callable[[], float] = time.monotonic):
         self.fleet = fleet
+        self.clock = clock
         self.cap: int | None = None
         self.kills: list[str] = []
         self.notices = 0
@@ -39,10 +43,10 @@ class Provider:
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
-        self.t0 = time.monotonic()
+        self.t0 = clock()
 
     def start(self) -> Provider:
-        self.t0 = time.monotonic()
+        self.t0 = self.clock()
         self._thread.start()
         return self
 
@@ -62,7 +66,7 @@ class Provider:
         while not self._stop.wait(TICK_S):
             try:
                 self.fleet.reap()
-                self.tick(time.monotonic() - self.t0)
+                self.tick(self.clock() - self.t0)
             except Exception as e:  # noqa: BLE001 - a provider hiccup must not end the run; it is reported
                 self.errors.append(f"{type(e).__name__}: {e}")
 
@@ -71,8 +75,9 @@ class Provider:
 
 
 class FixedPool(Provider):
-    def __init__(self, fleet: Fleet, size: int, preempt_every_s: float, seed: int, respawn: bool):
-        super().__init__(fleet)
+    def __init__(self, fleet: Fleet, size: int, preempt_every_s: float, seed: int, respawn: bool,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__(fleet, clock)
         self.size, self.respawn = size, respawn
         self.every_s = preempt_every_s
         self.rng = random.Random(seed)
@@ -92,8 +97,8 @@ class FixedPool(Provider):
 
 
 class TraceProvider(Provider):
-    def __init__(self, fleet: Fleet, replay: TraceReplay):
-        super().__init__(fleet)
+    def __init__(self, fleet: Fleet, replay: TraceReplay, clock: Callable[[], float] = time.monotonic):
+        super().__init__(fleet, clock)
         self.replay = replay
 
     def tick(self, now_s: float) -> None:
