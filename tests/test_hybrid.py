@@ -12,9 +12,10 @@ import signal
 
 import pytest
 
-from hybrid_util import (after_tokens, busiest, check_invariants, handed_off, kill, patience, preemptible, reference,
-                         refill, run_step, start_fleet)
+from hybrid_util import (ENGINE, after_tokens, busiest, check_invariants, handed_off, kill, patience, preemptible,
+                         reference, refill, run_step, start_fleet)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.worker import read_ledger
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +71,53 @@ def test_a_fenced_worker_cannot_contribute(fleet, ref):
     assert run.stats.fenced_tokens_dropped > 0  # it did send more, and all of it was dropped
     dead = [h for h in fleet.manager.handles() if not h.alive]
     assert [h.name for h in dead] == [fenced["name"]] and dead[0].stream is not None  # still streaming
+    refill(fleet)
+
+
+def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(fleet, ref):
+    """The manager may learn of a death from a failed call, the node table or a fence while reports the
+    worker sent before it stopped wait unread (a turn can be 200 ms away, and a fast engine streams
+    several reports in that time). Those tokens count (invariant 4). Here the manager's reader skips the
+    busiest instance's stream until the instance has sent three chunks more than the manager has read;
+    then the instance is frozen (SIGSTOP: it sends nothing more) and fenced."""
+    interval = ENGINE.stream_interval
+    victim = {}
+
+    def hold_its_stream(run):
+        h = victim["h"] = fleet.manager.workers[busiest(run)]
+        receive = run._reader.receive
+
+        def without_it(handles, timeout):
+            victim["held"] = True  # the call running when this was swapped in (reading everything) is over
+            return receive([x for x in handles if x is not h], timeout)
+
+        run._reader.receive = without_it
+
+    def unread(run) -> dict[str, int]:
+        sent = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
+        received = dict(run.stats.received)
+        return {rid: n - received.get(rid, 0) for rid, n in sent.items() if rid.rpartition("#")[0] in run.tracked}
+
+    def freeze_and_fence(run):
+        os.kill(victim["h"].pid, signal.SIGSTOP)
+        victim["sent"] = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
+        fleet.manager.fence(victim["h"].name, "test: found dead by other means than its stream")
+
+    try:
+        out, run = run_step(fleet, faults=[
+            # after the hand-off: its answers would bring the victim's tokens along with the samples
+            (lambda run: handed_off(run) and (b := busiest(run)) and after_tokens(lambda _: b, 8)(run),
+             hold_its_stream),
+            (lambda run: "held" in victim and max(unread(run).values(), default=0) >= 3 * interval, freeze_and_fence)])
+    finally:
+        if "h" in victim:
+            fleet.preempt(victim["h"])  # frozen and fenced: end it
+    check_invariants(out, run, ref)
+    [(_, name, reason)] = run.stats.deaths
+    assert name == victim["h"].name and reason.startswith("test:"), run.stats.deaths
+    lost = {rid: n - run.stats.received[rid] for rid, n in victim["sent"].items()
+            if rid.rpartition("#")[0] in run.tracked}
+    assert lost and max(lost.values()) <= interval, lost  # at most the one report Ray was still carrying
     refill(fleet)
 
 

@@ -226,6 +226,8 @@ class RolloutManager:
     def declare_dead(self, h: WorkerHandle, reason: str, now: float, released: bool = False) -> None:
         if not h.alive:
             return
+        if self.run is not None and h.stream is not None:
+            self.run.drain(h, now)  # what it sent before the death counts; after it, it is fenced
         h.lifecycle, h.fenced, h.released = Lifecycle.DEAD, reason, released
         what = "instance" if h.kind == PREEMPTIBLE else "reserved worker"
         cause = self.causes.pop(h.name, None) or f"lost ({reason})"

@@ -182,6 +182,15 @@ class StepRun:
                 self.reports += 1
                 self._on_report(h, report, now)
 
+    def drain(self, h: WorkerHandle, now: float) -> None:
+        """Apply the reports `h` sent that are not read yet: its death is about to be declared by other
+        means than its stream, and the tokens that reached the manager before it are not lost. (A turn
+        may be up to MAX_TURN_S away: a fast engine streams several reports in that time.)"""
+        for _, report, _ in self._reader.drain(h):
+            if report is not None:  # a failure: the stream is closed; the death is being declared anyway
+                self.reports += 1
+                self._on_report(h, report, now)
+
     def _on_report(self, h: WorkerHandle, report: WorkerReport, now: float) -> None:
         state = self.state
         if h.alive:

@@ -7,6 +7,8 @@ nothing at all is ready. Fenced workers' streams are read too, so what they stil
 and dropped. Every turn costs one wait over all streams and one fetch per round of reports, O(workers):
 turns are at least `turn_s` apart, so a loop that comes back faster handles the reports of that time
 together instead of paying a turn per report. `TurnPacer` sets that gap from what the turns cost.
+`drain(handle)` returns what one stream holds now, at once: what a worker sent before a death the
+manager found by other means (a failed call, the node table, a fence), read before the death is declared.
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ class ReportReader:
             open_ = [h for h in handles_ready if h.stream is not None]
             again = ray.wait([h.stream for h in open_], num_returns=len(open_), timeout=0)[0] if open_ else []
             handles_ready = [streams[gen] for gen in again]
+        return out
+
+    def drain(self, h: WorkerHandle) -> list[tuple[WorkerHandle, WorkerReport | None, str | None]]:
+        """Everything `h`'s stream holds now, in order, without waiting for a turn or a report."""
+        import ray
+
+        out: list[tuple[WorkerHandle, WorkerReport | None, str | None]] = []
+        while h.stream is not None and ray.wait([h.stream], num_returns=1, timeout=0)[0]:
+            self._one_round([h], out)
         return out
 
     @staticmethod

@@ -9,7 +9,9 @@ Contract (DESIGN.md 2.2):
   the moment a request has a full chunk (`stream_interval` tokens), carrying every other request's
   tokens too (`engine.flush()`): the requests stay in step, so the next report is due
   `stream_interval` decode steps later whatever the batch, not after every engine step. A hard kill
-  thus loses at most `stream_interval` tokens per request (invariant 4), or one report in transit.
+  thus loses at most `stream_interval` tokens per request that were never sent (invariant 4), plus
+  the reports Ray was still carrying when the process died, if any (a streaming generator's items
+  that arrive after its task failed are dropped; docs/hybrid.md, Known limits).
   A report holding only finished requests' last chunks (which never grow) may wait for the next one,
   up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
 - `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
@@ -51,6 +53,8 @@ class WorkerSpec:
     histospec: HistoSpecConfig | None = None
     """Speculate from the history of each prompt, which the manager sends along with its requests."""
     ledger_path: str | None = None
+    """Diagnostics: append the tokens of every request generated and sent here (`read_ledger`), so a
+    test can count exactly what a hard kill lost. None outside tests."""
     pull_delay_s: float = 0.0
     """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
     middle of one. 0 outside tests."""
@@ -183,25 +187,44 @@ class RolloutWorker:
                 held, steps, batch_size, step_s = [], 0, 0, 0.0
                 last_report = time.monotonic()
                 yield report
+                self._write_ledger(report.chunks, sent=True)
 
     def _report(self, chunks: list[StreamChunk], batch_size: int, step_s: float, steps: int) -> WorkerReport:
         return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
                             batch_size, step_s, steps)
 
-    def _write_ledger(self, chunks: list[StreamChunk]) -> None:
-        if self._ledger is not None:
-            # requests that finished in this step have left progress(); their last chunk has the count
+    def _write_ledger(self, chunks: list[StreamChunk], sent: bool = False) -> None:
+        """A line of the tokens each request has generated (after an engine step) or, with `sent`, has
+        had handed to Ray in reports (after a yield); flushed to the OS at once: a SIGKILL loses the
+        process, not the page cache."""
+        if self._ledger is None:
+            return
+        if sent:
+            counts = {c.request_id: c.offset + len(c.token_ids) for c in chunks}
+        else:  # requests that finished in this step have left progress(); their last chunk has the count
             counts = self.engine.progress() | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished}
-            # flushed to the OS at once: a SIGKILL loses the process, not the page cache
-            self._ledger.write(" ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
+        if counts:
+            self._ledger.write(("> " if sent else "") + " ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
             self._ledger.flush()
 
 
-def read_ledger(path: str | Path) -> dict[str, int]:
-    """Most tokens each request ever had generated on the worker that wrote `path`."""
-    most: dict[str, int] = {}
+@dataclass(frozen=True)
+class Ledger:
+    """What one worker's ledger says about each request it served: the most tokens ever generated, and
+    the most handed to Ray in its reports (the manager receives a report unless the process dies while
+    it is in transit)."""
+
+    generated: dict[str, int]
+    sent: dict[str, int]
+
+
+def read_ledger(path: str | Path) -> Ledger:
+    """The ledger the worker with `ledger_path=path` wrote."""
+    generated: dict[str, int] = {}
+    sent: dict[str, int] = {}
     for line in Path(path).read_text().splitlines():
-        for item in line.split():
+        most = sent if line.startswith("> ") else generated
+        for item in line.removeprefix("> ").split():
             rid, n = item.rsplit("=", 1)
             most[rid] = max(most.get(rid, 0), int(n))
-    return most
+    return Ledger(generated, sent)
