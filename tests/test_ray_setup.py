@@ -122,11 +122,12 @@ class TestLocalRay:
         class Echo:
             def call(self, x):
                 # worker -> raylet -> another worker: authenticated calls between Ray processes
-                return ray.get(inner.remote(x)), os.environ.get("RAY_AUTH_TOKEN")
+                return ray.get(inner.remote(x)), os.environ.get("RAY_AUTH_TOKEN"), os.nice(0)
 
         actor = Echo.remote()
-        doubled, token = ray.get(actor.call.remote(21), timeout=60)
+        doubled, token, niceness = ray.get(actor.call.remote(21), timeout=60)
         assert doubled == 42
+        assert niceness == os.nice(0)  # a worker runs at the driver's priority, not Ray's nice 15
         assert token and token == os.environ["RAY_AUTH_TOKEN"]  # per-run token reached the workers
         assert len(token) == 64
         assert ray.get_runtime_context().gcs_address.startswith("127.0.0.1:")
@@ -214,11 +215,13 @@ class TestLocalCluster:
         @ray.remote(num_cpus=0, resources={"preemptible": 1})
         class Where:
             def where(self):
-                return ray.get_runtime_context().get_node_id(), os.getpid(), os.environ.get("RAY_AUTH_TOKEN")
+                return (ray.get_runtime_context().get_node_id(), os.getpid(), os.environ.get("RAY_AUTH_TOKEN"),
+                        os.nice(0))
 
         actor = Where.remote()
-        node_id, pid, token = ray.get(actor.where.remote(), timeout=60)
+        node_id, pid, token, niceness = ray.get(actor.where.remote(), timeout=60)
         assert node_id == node.node_id
+        assert niceness == os.nice(0)  # on an added node too
         assert token == PRESET_TOKEN
 
         raylet_pid = node.all_processes["raylet"][0].process.pid
