@@ -50,13 +50,18 @@ def test_a_run_survives_fifty_hard_kills(tmp_path, instances):
                                spec_overrides={"pull_delay_s": 0.3})
     pool = FixedPool(fleet, size=3, preempt_every_s=0.0, seed=0, respawn=True)
     chaos = Chaos(fleet, every_s=0.5 if instances == "processes" else 0.8, seed=1, how=how)
-    limit = patience(240)  # ~120 s on an idle 2-core machine; a busy one boots fewer victims per second
-    version, wasted, in_transit, deadline = 0, 0, 0, time.monotonic() + limit
+    # ~1 min on an idle 2-core machine, longer on a busy one (fewer victims boot per second): what
+    # fails the test is a run where the kills stop (no instance comes up to be killed)
+    stall_s = patience(120)
+    version, wasted, in_transit = 0, 0, 0
     try:
         pool.start()
         chaos.thread.start()
+        seen, progress_at = 0, time.monotonic()
         while len(chaos.kills) < KILLS // (1 if instances == "processes" else 5):
-            assert time.monotonic() < deadline, f"only {len(chaos.kills)} kills in {limit:.0f} s"
+            if len(chaos.kills) > seen:
+                seen, progress_at = len(chaos.kills), time.monotonic()
+            assert time.monotonic() - progress_at < stall_s, f"no kill for {stall_s:.0f} s after {seen} kills"
             version += 1
             fleet.publish(state, version)  # same tensors: the reference outputs stay valid
             out, run = run_step(fleet, version=version)
