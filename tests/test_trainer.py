@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import random
+import warnings
 
 import pytest
 import torch
@@ -205,6 +206,16 @@ def test_a_shared_prompt_under_a_sliding_window():
     samples = [s for g in make_groups(num_groups=2, n=4, seed=5, shared=True) for s in g.samples]
     assert max(len(s.prompt_ids) for s in samples) > 4
     assert_the_paths_agree(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples])
+
+
+def test_a_shared_prompt_passes_its_cache_by_the_models_own_name():
+    """transformers 5.x renamed the forward's `past_key_values` to `cache` and warns on the old name at every
+    call: in the showcase that put a FutureWarning on the newcomer's console each run."""
+    model = tiny_model("llama", seed=3)
+    samples = [s for g in make_groups(num_groups=1, n=3, seed=5, shared=True) for s in g.samples]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        shared_prompt_logprobs(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples], 0.8)
 
 
 def assert_the_paths_agree(model, prompts, responses) -> None:

@@ -19,7 +19,9 @@ Two ways to get there, equal up to float rounding:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -118,12 +120,13 @@ def _one_prompt(model: PreTrainedModel, prompt: Sequence[int], responses: Sequen
     n, max_resp = len(responses), max(1, max(len(r) for r in responses))
     # A cache of full-length layers: the model's own cache would keep only the last window of a sliding-window
     # layer's keys, which the rebuilt cache below would then take for positions 0.. (wrong positions, wrong mask).
+    cache_arg = _cache_arg(type(model.base_model))
     prompt_out = model.base_model(input_ids=torch.tensor([list(prompt)], device=device),
-                                  past_key_values=DynamicCache(), use_cache=True)
+                                  **{cache_arg: DynamicCache()}, use_cache=True)
     # the response's first token is predicted by the prompt's last position, token i by response position i - 1
     predicting = prompt_out.last_hidden_state[:, -1:].expand(n, 1, -1)
     if max_resp > 1:
-        hidden = _responses_on_prompt(model, prompt_out.past_key_values, len(prompt), responses, max_resp - 1,
+        hidden = _responses_on_prompt(model, getattr(prompt_out, cache_arg), len(prompt), responses, max_resp - 1,
                                       pad_id, device)
         predicting = torch.cat([predicting, hidden], dim=1)
     targets, mask = _targets(responses, max_resp, pad_id)
@@ -147,8 +150,15 @@ def _responses_on_prompt(model: PreTrainedModel, prompt_cache: DynamicCache, pro
     # follow from the cache's length, so response token 0 sits at prompt_len.
     cache = DynamicCache(ddp_cache_data=[(layer.keys.expand(n, -1, -1, -1), layer.values.expand(n, -1, -1, -1))
                                          for layer in prompt_cache.layers])
-    return model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device), past_key_values=cache,
-                            use_cache=False).last_hidden_state
+    return model.base_model(input_ids=ids.to(device), attention_mask=mask.to(device),
+                            **{_cache_arg(type(model.base_model)): cache}, use_cache=False).last_hidden_state
+
+
+@lru_cache(maxsize=None)
+def _cache_arg(model_class: type) -> str:
+    """The name a model's forward (and its output) gives the key/value cache: transformers 5.x renamed
+    `past_key_values` to `cache`, and the old name prints a deprecation warning on every call."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 def _targets(responses: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
