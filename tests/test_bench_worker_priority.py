@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hybrid_util import run_step, start_fleet
-from rlboost.hybrid import ray_setup
+from rlboost.hybrid.config import RaySecurityConfig
 
 
 def _busy() -> None:
@@ -20,16 +20,15 @@ def _busy() -> None:
 
 
 @pytest.mark.slow
-def test_workers_at_the_default_priority_are_not_starved_by_busy_neighbours(tmp_path, monkeypatch):
+def test_workers_at_the_default_priority_are_not_starved_by_busy_neighbours(tmp_path):
     neighbours = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(2)]
     for p in neighbours:
         p.start()
     times: dict[int, list[tuple[float, float]]] = {15: [], 0: []}
     try:
         for i, nice in enumerate([15, 0, 15, 0]):
-            monkeypatch.setattr(ray_setup, "WORKER_NICENESS", {"worker_niceness": nice})
             t0 = time.monotonic()
-            fleet, _ = start_fleet(tmp_path / str(i), num_preemptible=3)
+            fleet, _ = start_fleet(tmp_path / str(i), num_preemptible=3, ray=RaySecurityConfig(worker_niceness=nice))
             try:
                 t1 = time.monotonic()
                 run_step(fleet)

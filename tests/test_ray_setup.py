@@ -191,7 +191,7 @@ def cluster():
     state = _RayState()
     os.environ["RAY_AUTH_TOKEN"] = PRESET_TOKEN  # an operator's token is kept, not replaced
     cluster, node = None, None
-    security = RaySecurityConfig()
+    security = RaySecurityConfig(worker_niceness=3)
     try:
         cluster = start_local_cluster(security, {"reserved": 10}, num_cpus=1, system_config=FAST_NODE_HEALTH)
         node = add_node(cluster, security, num_cpus=0, resources={"preemptible": 10})
@@ -221,7 +221,7 @@ class TestLocalCluster:
         actor = Where.remote()
         node_id, pid, token, niceness = ray.get(actor.where.remote(), timeout=60)
         assert node_id == node.node_id
-        assert niceness == os.nice(0)  # on an added node too
+        assert niceness == min(19, os.nice(0) + 3)  # as configured, on an added node too
         assert token == PRESET_TOKEN
 
         raylet_pid = node.all_processes["raylet"][0].process.pid

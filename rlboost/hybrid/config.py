@@ -40,9 +40,22 @@ class RaySecurityConfig:
     """The IP address of the local Ray node. 127.0.0.1 (the default) keeps every Ray server on the
     loopback interface; change only to run across machines: any other address is the one Ray
     advertises, and its servers then listen on all interfaces (Ray cannot bind a single external IP)."""
+    worker_niceness: int = 0
+    """How much lower than the driver's the priority of the worker processes (the rollout engines) runs in
+    the Ray rlboost starts (their `nice` increment); a cluster at
+    `ray_address` keeps its own (`RAY_worker_niceness` in its nodes' environment). Ray's own default is 15,
+    so that its daemons and the driver come first; at 15 any ordinary busy process (a data loader, a
+    reward sandbox, another job) takes nearly all their CPU: beside two busy processes on 2 cores, a fleet
+    of 4 tiny workers booted in 204 s instead of 16 and a step took 36 s instead of 1.8
+    (tests/test_bench_worker_priority.py). Raise it only where the workers stand in for other machines'
+    accelerators on the trainer's CPU (the showcase), so the trainer in the driver comes first."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
+        if isinstance(self.worker_niceness, bool) or not isinstance(self.worker_niceness, int) \
+                or not 0 <= self.worker_niceness <= 19:
+            raise ValueError(f"rollout.hybrid.ray.worker_niceness must be an integer from 0 to 19 (a process "
+                             f"may not raise its own priority), got {self.worker_niceness!r}")
         if not isinstance(self.auth_token, bool):
             raise ValueError(f"rollout.hybrid.ray.auth_token must be true or false, got {self.auth_token!r}")
         try:

@@ -74,15 +74,6 @@ def route_ray_messages() -> None:
     ray_worker.print_to_stdstream = to_log
 
 
-WORKER_NICENESS = {"worker_niceness": 0}
-"""Ray starts its workers at nice 15, so that its own daemons and the driver come first. Here the
-workers are the rollout engines, the work itself: at nice 15 any ordinary process on the machine (a
-data loader, a reward sandbox, the trainer in the driver, another job) takes their CPU almost entirely:
-beside two busy processes on 2 cores, a fleet of 4 tiny workers booted in 204 s instead of 16 and a
-step took 36 s instead of 1.8 (tests/test_bench_worker_priority.py). The clusters rlboost starts run
-them at the default priority; an existing cluster keeps its own setting."""
-
-
 def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int) -> None:
     """Start a one-node local Ray and connect this process to it, per `security`: token auth on,
     servers on `bind_host`, dashboard off, only errors logged."""
@@ -90,7 +81,7 @@ def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], nu
     route_ray_messages()
     ray.init(address="local", num_cpus=num_cpus, resources=dict(resources), include_dashboard=False,
              dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR",
-             log_to_driver=False, _system_config=WORKER_NICENESS)
+             log_to_driver=False, _system_config={"worker_niceness": security.worker_niceness})
     try:
         _verify_started(security)
     except BaseException:
@@ -110,7 +101,7 @@ def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, f
     cluster = Cluster(initialize_head=True, head_node_args={
         "num_cpus": num_cpus, "resources": dict(head_resources), "include_dashboard": False,
         "dashboard_host": LOOPBACK, "node_ip_address": security.bind_host,
-        "_system_config": WORKER_NICENESS | dict(system_config)})
+        "_system_config": {"worker_niceness": security.worker_niceness} | dict(system_config)})
     try:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         _verify_started(security)
