@@ -52,8 +52,7 @@ class RaySecurityConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
-        if isinstance(self.worker_niceness, bool) or not isinstance(self.worker_niceness, int) \
-                or not 0 <= self.worker_niceness <= 19:
+        if not 0 <= self.worker_niceness <= 19:  # the config loader has already checked it is an integer
             raise ValueError(f"rollout.hybrid.ray.worker_niceness must be an integer from 0 to 19 (a process "
                              f"may not raise its own priority), got {self.worker_niceness!r}")
         if not isinstance(self.auth_token, bool):
