@@ -234,7 +234,9 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         histospec = cfg.rollout.histospec if cfg.rollout.histospec.enabled else None
         spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s,
                           histospec)
-        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe)
+        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
+                             reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
+                             instance_usd_per_s=cfg.cost.instance_usd_per_s())
     # The engine fuses its model's weights in place, so it gets a copy of its own.
     engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
     engine.load_weights(weights, version=version)

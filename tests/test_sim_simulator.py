@@ -270,7 +270,8 @@ def test_pulling_instances_get_their_share_of_the_first_dispatch(tmp_path):
     # held for them, they generate from the step's start; without, the reserved engines take the
     # whole step and the instances idle until the hand-off.
     trace = trace_file(tmp_path, "0,4\n7200,4")
-    base = SimConfig(trace=trace, duration_s=1500)
+    # the hand-off at the window's end, as the paper's controller has it: what is measured is the share
+    base = SimConfig(trace=trace, duration_s=1500, offload=replace(SimConfig().offload, gate_handoff=False))
     shared, unshared = simulate(base), simulate(replace(base, share_with_pulling=False))
     train = make_profiles("qwen3-8b")[1]
     late_s = train.weight_sync_s(50.0) - train.weight_sync_s(200.0)

@@ -45,6 +45,7 @@ from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, Lifecycle, WorkerHandle
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.wire import WeightManifest
+from rlboost.policies.handoff import StepOutlook
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
 from rlboost.rollout.sample import Group
 from rlboost.run_log import event
@@ -170,15 +171,16 @@ class RolloutManager:
 
     def start_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                   history: Callable[[list[int]], list[list[int]]] | None = None):
+                   history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
-        until the step ends. `seed_window_s=None`: every worker generates to the end (evaluation)."""
+        until the step ends. `seed_window_s=None`: every worker generates to the end (evaluation).
+        `outlook`: the offload controller's, for the no-regret hand-off (None: at the window's end)."""
         from rlboost.hybrid.step_run import StepRun
 
         self.owner.acquire()
         try:
             self.apply_inbox(time.monotonic())
-            self.run = StepRun(self, groups, params, version, seed_window_s, order, overruns, history)
+            self.run = StepRun(self, groups, params, version, seed_window_s, order, overruns, history, outlook)
             self.run.thread.start()
         except BaseException:
             self.run = None

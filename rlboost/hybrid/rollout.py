@@ -33,7 +33,9 @@ from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_len
 
 class HybridRollout:
     def __init__(self, cfg: HybridConfig, spec: WorkerSpec, weights, version: int, seed: int,
-                 histopipe: HistoPipe | None = None):
+                 histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0):
+        """`reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
+        instances with (`cost.*`; 0: no price, no cap from it)."""
         self.cfg = cfg
         self.histopipe = histopipe
         # HistoSpec: the run's history lives here; each worker gets a prompt's share with its requests
@@ -50,7 +52,9 @@ class HybridRollout:
         except BaseException:
             self.fleet.shutdown()
             raise
-        self.controller = OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved)
+        self.controller = OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved,
+                                            reserved_usd_per_s=reserved_usd_per_s,
+                                            instance_usd_per_s=instance_usd_per_s)
         self.provider = make_provider(cfg, self.fleet, seed).start()
         self.run: StepRun | None = None
         self.last_pulls = PullStats()
@@ -77,7 +81,8 @@ class HybridRollout:
             self._to_remember = groups
         history = self.history.responses if self.history is not None else None
         self.run = self.manager.start_step(groups, params, version, self.seed_window_s if training else None,
-                                           order, overruns, history)
+                                           order, overruns, history,
+                                           self.controller.outlook() if training else None)
         self.released_at = None
         return self._released(self.run)
 
@@ -113,10 +118,13 @@ class HybridRollout:
         window_s = (self.released_at or now) - self.step_started
         compute_s = max(0.0, train_s - window_s - run.trainer_wait_s)
         preemptions = stats.preemptions + sum(preempted for _, _, preempted in between)
+        instance_s = self.fleet.instance_seconds(self.step_started, now)
         timings = StepTimings(
             instances=self.instances_at_start, stable=instances_now == self.instances_at_start and preemptions == 0,
             wait_train_s=run.trainer_wait_s, wait_remote_s=wait_remote, remote_s=remote_s, train_s=compute_s,
-            tokens_per_s=sum(stats.tokens_by_kind.values()) / max(now - self.step_started, 1e-9))
+            tokens_per_s=sum(stats.tokens_by_kind.values()) / max(now - self.step_started, 1e-9),
+            samples=len(run.state.tracked), preemptions=preemptions, instance_s=instance_s,
+            **stats.offload_measurements())
         self.controller.update(timings)
         cap = self.controller.instance_cap()
         self.provider.set_cap(cap)
@@ -128,7 +136,9 @@ class HybridRollout:
             "spot/instances_end": float(instances_now),
             "spot/preemptions": float(preemptions),
             "spot/joins": float(len(pulls.provision_s)),
-            "spot/instance_s": self.fleet.instance_seconds(self.step_started, now),
+            "spot/instance_s": instance_s,
+            "spot/handoff_deferred": float(stats.handoff_deferred),
+            "spot/preemption_rate": self.controller.preemption_rate(),
             "spot/refused": float(len(pulls.refused)),
             "migration/samples": float(sum(stats.migrated.values())),
             "migration/preempted": float(stats.migrated["preempted"]),

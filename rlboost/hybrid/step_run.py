@@ -26,6 +26,7 @@ from rlboost.hybrid.handles import Lifecycle, WorkerHandle, first_line
 from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.streams import ReportReader, TurnPacer
 from rlboost.hybrid.wire import WorkerReport
+from rlboost.policies.handoff import StepOutlook
 from rlboost.rollout.sample import Group
 from rlboost.rollout.step_state import (Abort, GroupDone, Partial, ReleaseReserved, Retire, StepConfig, StepState,
                                         StepStats, Submit)
@@ -46,7 +47,7 @@ class StepRun:
     def __init__(self, manager, groups: list[Group], params: SamplingParams, version: int,
                  seed_window_s: float | None, order: list[str] | None = None,
                  overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                 history: Callable[[list[int]], list[list[int]]] | None = None):
+                 history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None):
         self.m, self.cfg = manager, manager.cfg
         self.params, self.version, self.history = params, version, history
         self.groups_by_index = {g.index: g for g in groups}
@@ -55,7 +56,8 @@ class StepRun:
             [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,
             seed_window_s=seed_window_s, now=self.t0, dispatcher=manager.dispatcher, balancer=manager.balancer,
             config=StepConfig(share_with_pulling=self.cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S),
-            order=order, overruns=overruns, progress=self._progress, longest_pull_s=manager.pulls.longest_s)
+            order=order, overruns=overruns, progress=self._progress, longest_pull_s=manager.pulls.longest_s,
+            outlook=outlook)
         self.training_may_start = threading.Event()
         self.trainer_wait_s = 0.0
         self.loop_cpu_s = 0.0

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from rlboost.policies.handoff import StepOutlook
+from rlboost.policies.objective import OBJECTIVES, InstanceValue
+
 _PREFIX = "rollout.hybrid.offload"
 
 
@@ -32,6 +35,22 @@ class OffloadConfig:
     """The instance cap never goes above this; None: unbounded."""
     memory: bool = True
     """False: M[n] is neither stored nor reused (the rlboost-nomemory ablation)."""
+    objective: str = "balanced"
+    """What an instance must be worth to be requested or kept (rlboost.policies.objective):
+    throughput (the paper's: while it speeds the run up, whatever it costs), balanced (while the run's
+    tokens per dollar stays at least the colocated run's: never costlier per token than not using
+    spot) or cost (while it raises tokens per dollar). Judged from measured step throughputs and the
+    `cost.*` prices; the cap may then go below min_instances, to 0."""
+    gate_handoff: bool = True
+    """Hand the rollout to the instances only when they would end the step sooner than staying
+    colocated, from measured rates (rlboost.policies.handoff); until then the reserved workers keep
+    generating beside them. False: the hand-off happens at the window's end whatever the instances
+    can do (the paper's controller)."""
+    preemption_risk: bool = True
+    """Discount what instances are expected to do by the market's recent preemption rate (decayed by
+    `risk_decay` per step). False: instances are taken never to be preempted."""
+    risk_decay: float = 0.8
+    """Weight of the past in the market's preemption rate, per step: 0 keeps only the last step."""
 
     def validate(self) -> None:
         if not (self.eta > 0 and math.isfinite(self.eta)):
@@ -44,6 +63,10 @@ class OffloadConfig:
             raise ValueError(f"{_PREFIX}.min_instances must be >= 0, got {self.min_instances}")
         if self.max_instances is not None and self.max_instances < self.min_instances:
             raise ValueError(f"{_PREFIX}.max_instances must be >= min_instances, got {self.max_instances}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"{_PREFIX}.objective={self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if not 0 <= self.risk_decay < 1:
+            raise ValueError(f"{_PREFIX}.risk_decay must be in [0, 1), got {self.risk_decay}")
 
 
 @dataclass
@@ -56,10 +79,20 @@ class StepTimings:
     remote_s: float  # how long the instances generated: their first work to their last response
     train_s: float  # the trainer's compute time in the step
     tokens_per_s: float = math.nan  # the step's throughput; M[n] keeps the T_seed of the best (NaN: unknown)
+    seed_s: float = math.nan  # the window the step really had when its hand-off was deferred (NaN: as planned)
+    tokens: int = 0  # response tokens of the step
+    samples: int = 0  # samples of the step
+    preemptions: int = 0  # instances preempted during the step
+    instance_s: float = 0.0  # instance-seconds the step held (booting and pulling included)
+    reserved_worker_tokens_per_s: float = math.nan  # a reserved worker's tokens per second it held samples
+    instance_worker_tokens_per_s: float = math.nan  # the same for a preemptible worker (NaN: none generated)
 
 
 class OffloadController:
-    def __init__(self, cfg: OffloadConfig, initial_seed_s: float, num_reserved: int):
+    def __init__(self, cfg: OffloadConfig, initial_seed_s: float, num_reserved: int, *,
+                 reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0):
+        """`reserved_usd_per_s`, `instance_usd_per_s`: what the reserved nodes and one instance cost;
+        with an instance price of 0 the objective sets no cap (nothing to weigh)."""
         cfg.validate()
         if num_reserved < 0:
             raise ValueError(f"num_reserved must be >= 0, got {num_reserved}")
@@ -70,6 +103,10 @@ class OffloadController:
         self.memory_tokens_per_s: dict[int, float] = {}  # that step's throughput
         self._last_n: int | None = None  # n of the previous step: M[n] is for when n changes
         self._cap: int | None = None  # None until a step has measured the training time
+        self._outlook: StepOutlook | None = None  # None until a step has been measured
+        self._risk = (0.0, 0.0)  # decayed (preemptions, instance-seconds) of the market
+        self._rates = [0.0, 0.0]  # sustained tokens/s of a reserved and of a preemptible worker (0: unknown)
+        self.value = InstanceValue(cfg.objective, reserved_usd_per_s, instance_usd_per_s)
 
     def _clamp(self, seed_s: float) -> float:
         return min(max(float(seed_s), self.cfg.min_seed_s), self.cfg.max_seed_s)
@@ -89,7 +126,9 @@ class OffloadController:
         times = (t.wait_train_s, t.wait_remote_s, t.remote_s, t.train_s)
         if not all(math.isfinite(x) for x in times):
             return self.seed_s  # a broken measurement says nothing; keep the last decision
-        step_seed_s = self.seed_s
+        step_seed_s = t.seed_s if math.isfinite(t.seed_s) else self.seed_s
+        self._learn_outlook(t)
+        self.value.observe(t.instances, t.tokens_per_s)
         # Trainer waiting: the instances are the bottleneck, so the reserved workers should generate
         # longer. Instances idle at the end: the trainer is, so hand it the reserved workers sooner.
         self.seed_s = self._clamp(step_seed_s + (t.wait_train_s - t.wait_remote_s) / self.cfg.eta)
@@ -108,15 +147,47 @@ class OffloadController:
             self._cap = cap if self.cfg.max_instances is None else min(cap, self.cfg.max_instances)
         return self.seed_s
 
+    def _learn_outlook(self, t: StepTimings) -> None:
+        d = self.cfg.risk_decay
+        self._risk = (d * self._risk[0] + t.preemptions, d * self._risk[1] + t.instance_s)
+        for i, rate in enumerate((t.reserved_worker_tokens_per_s, t.instance_worker_tokens_per_s)):
+            if math.isfinite(rate) and rate > 0:  # the last step's: its workload is the next one's
+                self._rates[i] = rate
+        if t.samples > 0 and t.train_s > 0:
+            self._outlook = StepOutlook(tokens_per_sample=t.tokens / t.samples, train_s=t.train_s)
+
+    def preemption_rate(self) -> float:
+        """λ: preemptions per instance-second, over recent steps (0 before any instance-second)."""
+        preemptions, seconds = self._risk
+        return preemptions / seconds if seconds > 0 else 0.0
+
+    def outlook(self) -> StepOutlook | None:
+        """What the next step's hand-off is weighed with (zeros where nothing was measured yet); None:
+        no gate."""
+        if not (self.cfg.enabled and self.cfg.gate_handoff):
+            return None
+        risk = self.preemption_rate() if self.cfg.preemption_risk else 0.0
+        known = self._outlook or StepOutlook(0.0, 0.0)
+        return StepOutlook(known.tokens_per_sample, known.train_s, risk, *self._rates)
+
     def instance_cap(self) -> int | None:
-        return self._cap if self.cfg.enabled else None
+        """Instances worth holding: the fewest that keep rollout at pace with training, and no more
+        than the objective allows; None: no cap."""
+        if not self.cfg.enabled:
+            return None
+        limit = self.value.cap()
+        if limit is None or self._cap is None:
+            return self._cap if limit is None else limit
+        return min(self._cap, limit)
 
     def state_dict(self) -> dict:
         # JSON turns int keys into strings; store them as strings so a round trip is exact.
         return {"seed_s": self.seed_s, "cap": self._cap, "last_n": self._last_n,
                 "memory": {str(n): seed for n, seed in self.memory.items()},
                 "memory_tokens_per_s": {str(n): None if math.isnan(v) else v
-                                        for n, v in self.memory_tokens_per_s.items()}}
+                                        for n, v in self.memory_tokens_per_s.items()},
+                "outlook": None if self._outlook is None else [self._outlook.tokens_per_sample, self._outlook.train_s],
+                "risk": list(self._risk), "worker_tokens_per_s": list(self._rates), "value": self.value.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.memory = {int(n): self._clamp(seed) for n, seed in state.get("memory", {}).items()}
@@ -126,6 +197,11 @@ class OffloadController:
                                     for n in self.memory}
         self._last_n = state.get("last_n")
         self._cap = None if state.get("cap") is None else int(state["cap"])
+        outlook = state.get("outlook")  # absent from checkpoints written before the hand-off gate
+        self._outlook = None if outlook is None else StepOutlook(float(outlook[0]), float(outlook[1]))
+        self._risk = tuple(float(x) for x in state.get("risk", (0.0, 0.0)))
+        self._rates = [float(x) for x in state.get("worker_tokens_per_s", (0.0, 0.0))]
+        self.value.load_state_dict(state.get("value", {}))
         if self.cfg.enabled:  # disabled: T_seed stays what the config says
             self.seed_s = self._clamp(state["seed_s"])
 

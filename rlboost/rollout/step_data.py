@@ -5,6 +5,7 @@ both shells (the runtime's manager, the simulator) build and read these types.""
 from __future__ import annotations
 
 import enum
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -52,12 +53,17 @@ class StepConfig:
     migration: str = "token"
     """What survives a death: `token` (every streamed token; the sample continues elsewhere) or
     `recompute` (the sample restarts from nothing: the baseline the paper compares with)."""
+    handoff_check_s: float = 1.0
+    """While the seeding hand-off is deferred (the instances would not end the step sooner), how often
+    it is weighed again."""
 
     def validate(self) -> None:
         if self.migration not in MIGRATIONS:
             raise ValueError(f"migration={self.migration!r}; valid: {', '.join(MIGRATIONS)}")
         if self.share_grace_s < 0:
             raise ValueError(f"share_grace_s must be >= 0, got {self.share_grace_s}")
+        if not (self.handoff_check_s > 0 and math.isfinite(self.handoff_check_s)):
+            raise ValueError(f"handoff_check_s must be a finite number > 0, got {self.handoff_check_s}")
 
 
 # ---- commands ---------------------------------------------------------------------------------------
@@ -146,6 +152,10 @@ class Worker:
     """When it last ran out of samples."""
     tokens: int = 0
     """Tokens accepted from it this step."""
+    busy_since: float | None = None
+    """When it last went from holding nothing to holding samples; None: it holds nothing."""
+    busy_s: float = 0.0
+    """Seconds it held samples this step, up to `busy_since`."""
 
     @property
     def alive(self) -> bool:
@@ -225,6 +235,25 @@ class StepStats:
     """From the first to the last worker that generated to the end running out of samples."""
     fallback: bool = False
     """Every preemptible worker went away after the hand-off and the reserved ones took the work back."""
+    busy_s_by_kind: Counter = field(default_factory=Counter)
+    """Seconds workers held samples, summed by kind (an engine's share of the rollout): with
+    `tokens_by_kind`, the sustained decode rate per worker, tail included."""
+    handoff_deferred: bool = False
+    """At the end of the window instances served the step, but handing them the rest would not have
+    ended it sooner (`rlboost.policies.handoff`): the hand-off came later (`seed_s`) or never."""
+
+    def worker_tokens_per_s(self, kind: str) -> float:
+        """A worker's sustained decode rate in the step: its kind's tokens over the seconds its kind
+        held samples (NaN: none of that kind held any)."""
+        busy = self.busy_s_by_kind[kind]
+        return self.tokens_by_kind[kind] / busy if busy > 0 else math.nan
+
+    def offload_measurements(self) -> dict[str, float]:
+        """The `StepTimings` fields the step itself measured, for the offload controller."""
+        return {"seed_s": self.seed_s if self.handoff_deferred else math.nan,
+                "tokens": sum(self.tokens_by_kind.values()),
+                "reserved_worker_tokens_per_s": self.worker_tokens_per_s(RESERVED),
+                "instance_worker_tokens_per_s": self.worker_tokens_per_s(PREEMPTIBLE)}
 
 
 __all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "PendingAbort",

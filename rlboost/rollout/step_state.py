@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from rlboost.policies.balance import Balancer
 from rlboost.policies.dispatch import JSQDispatcher, WorkerLoad
+from rlboost.policies.handoff import StepOutlook, workers_should_hand_off
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort, Command, GroupDone, Partial,
                                        PendingAbort, ReleaseReserved, Request, Retire, SampleState, StepConfig,
@@ -54,13 +55,17 @@ class StepState:
                  seed_window_s: float | None, now: float, dispatcher: JSQDispatcher, balancer: Balancer,
                  config: StepConfig | None = None, order: Sequence[str] | None = None,
                  overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                 progress: Callable[[str], Mapping[str, int]] | None = None, longest_pull_s: float = 0.0):
+                 progress: Callable[[str], Mapping[str, int]] | None = None, longest_pull_s: float = 0.0,
+                 outlook: StepOutlook | None = None):
         """`samples`: (uid, group index, token store or None) of every sample of the step.
         `seed_window_s`: the seeding window T_seed; None: no window (an evaluation, or a layout whose
         reserved workers never train), every worker generates to the end. `order`: every uid once, in
         the order to dispatch them (HistoPipe). `overruns`: uid -> tokens so far => the uids running far
         past their history, moved first by executing rebalances. `longest_pull_s`: the longest weight
-        pull seen before the step (the share's grace)."""
+        pull seen before the step (the share's grace). `outlook`: what earlier steps measured (the
+        offload controller's); with it the hand-off waits until the instances would end the step
+        sooner than staying colocated (`rlboost.policies.handoff`); None: it happens at the window's
+        end whatever they can do (the paper's controller)."""
         self.config = config or StepConfig()
         self.config.validate()
         self.version = version
@@ -81,6 +86,9 @@ class StepState:
         self.t0 = self.now = now
         self.seeding = seed_window_s is not None
         self.deadline = now + (seed_window_s or 0.0)
+        self.outlook = outlook
+        self._handoff_check_at = self.deadline
+        """When the hand-off is weighed next (the window's end, then every handoff_check_s)."""
         self.longest_pull_s = longest_pull_s
         self.num_finished = 0
         self.done = not self.tracked
@@ -189,6 +197,7 @@ class StepState:
             self._requeue(track)
             stats.migrated["preempted"] += 1
         w.assigned.clear()
+        self._busy(w)
         for aid in [aid for aid, pa in self._aborts.items() if pa.worker == name]:
             del self._aborts[aid]  # its samples are back already; the answer no longer matters
             self._handoffs.discard(aid)
@@ -262,6 +271,7 @@ class StepState:
                              partial.logprobs[received:] if partial.logprobs is not None else None)
                 self.stats.received[request_id] += extra
             w.assigned.discard(uid)
+            self._busy(w)
             self._requeue(track)
             self.stats.migrated[pa.reason] += 1
             moved.append(uid)
@@ -279,7 +289,7 @@ class StepState:
         """Run the step's decisions at `now` and return every command issued since the last call."""
         self.now = now
         if not self.done:
-            if self.seeding and now >= self.deadline:
+            if self.seeding and now >= self._handoff_check_at:
                 self._end_seeding()
             self._dispatch()
             self._rebalance()
@@ -305,7 +315,7 @@ class StepState:
 
     def next_deadline(self) -> float | None:
         """When a decision is due without any event (the end of the seeding window); None: none."""
-        return self.deadline if self.seeding and not self.done else None
+        return self._handoff_check_at if self.seeding and not self.done else None
 
     @property
     def released(self) -> bool:
@@ -338,8 +348,13 @@ class StepState:
 
     def _end_seeding(self) -> None:
         """The window is over: the reserved workers hand what they hold to the instances and free their
-        memory for training. With no instance serving the step they keep going (checked again later)."""
+        memory for training. With no instance serving the step, or none that would end it sooner,
+        they keep going (checked again later)."""
         if not any(w.kind == PREEMPTIBLE and self._eligible(w) for w in self.workers.values()):
+            return
+        if self.outlook is not None and not self._handoff_pays():
+            self.stats.handoff_deferred = True
+            self._handoff_check_at = self.now + self.config.handoff_check_s
             return
         for w in self.workers.values():
             if w.kind == RESERVED and w.alive:
@@ -348,6 +363,21 @@ class StepState:
         self._changed(members=True)
         self.seeding = False
         self.stats.seed_s = self.now - self.t0
+
+    def _handoff_pays(self) -> bool:
+        """Whether the instances serving the step would end it sooner than staying colocated
+        (`rlboost.policies.handoff.workers_should_hand_off`): the rest is the step's expected tokens
+        less those generated, received or not."""
+        reserved = sum(1 for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerStatus.SERVING)
+        instances = sum(1 for w in self.eligible() if w.kind == PREEMPTIBLE)
+        held = sum(track.tokens for track in self.tracked.values())
+        for w in self.workers.values():
+            if w.alive and w.assigned and self.progress is not None:
+                progress = self.progress(w.name)
+                held += sum(max(0, progress.get(self.tracked[uid].request_id, 0)
+                                - (self.tracked[uid].tokens - self.tracked[uid].base)) for uid in w.assigned)
+        rest = len(self.tracked) * self.outlook.tokens_per_sample - held
+        return workers_should_hand_off(rest, reserved, instances, self.outlook)
 
     def _release_if_free(self) -> None:
         if not self._released and not self.seeding and not self._handoffs:
@@ -470,6 +500,7 @@ class StepState:
             track.base = track.tokens
             requests.append(Request(uid, track.request_id, track.tokens))
             w.assigned.add(uid)
+        self._busy(w)
         w.last_finish = None
         self._changed()
         self._commands.append(Submit(w.name, requests))
@@ -481,6 +512,14 @@ class StepState:
         self._aborts[aid] = PendingAbort(w.name, requests, reason, target, self.now)
         self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep))
         return aid
+
+    def _busy(self, w: Worker) -> None:
+        """Keep `w.busy_s` after a change of what it holds."""
+        if w.assigned and w.busy_since is None:
+            w.busy_since = self.now
+        elif not w.assigned and w.busy_since is not None:
+            w.busy_s += self.now - w.busy_since
+            w.busy_since = None
 
     def _retire_if_empty(self, w: Worker) -> None:
         if w.retiring and not w.retired and not w.assigned and not any(pa.worker == w.name for pa in self._aborts.values()):
@@ -506,6 +545,7 @@ class StepState:
         if track.sample is not None:
             track.sample.finish_reason = reason
         w.assigned.discard(track.uid)
+        self._busy(w)
         self._changed()
         if not w.assigned:
             w.last_finish = self.now
@@ -532,6 +572,8 @@ class StepState:
                      or [w for w in self.workers.values() if w.kind == RESERVED and w.alive])
         done = [w.last_finish for w in finishers if w.last_finish is not None and w.tokens > 0]
         stats.tail_s = max(done) - min(done) if done else 0.0
+        for w in self.workers.values():
+            stats.busy_s_by_kind[w.kind] += w.busy_s + (self.now - w.busy_since if w.busy_since is not None else 0.0)
 
     def _requeue(self, track: Tracked) -> None:
         """Back to the manager, first in line: it already holds tokens and its group waits on it."""

@@ -379,7 +379,8 @@ class ClusterRun:
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
             seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
-            progress=self._progress, longest_pull_s=self.pull_s)
+            progress=self._progress, longest_pull_s=self.pull_s,
+            outlook=self.controller.outlook() if self.controller is not None and self.colocated else None)
         for e in self.reserved:
             step.join(e.name, RESERVED, self.max_running, e.profile, serving=True)
         for inst in self.instances.values():
@@ -443,7 +444,9 @@ class ClusterRun:
             self.controller.update(StepTimings(
                 instances=self.instances_start, stable=stable, wait_train_s=self.wait_train,
                 wait_remote_s=self.wait_remote, remote_s=self.remote_s, train_s=self.train_compute,
-                tokens_per_s=sum(self.lengths.values()) / (self.now - self.step_start)))
+                tokens_per_s=sum(self.lengths.values()) / (self.now - self.step_start), samples=len(self.lengths),
+                preemptions=self.st_preemptions, instance_s=self._instance_seconds() - self.step_inst_s0,
+                **self.step.stats.offload_measurements()))
             self.cap = self.controller.instance_cap()
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})

@@ -301,7 +301,9 @@ def _hybrid(cfg: SimConfig) -> SimResult:
     else:
         offload, seed_s = cfg.offload, cfg.initial_seed_s
     # N_resv in instance-equivalents of rollout throughput: reserved GPUs per instance's GPUs.
-    controller = OffloadController(offload, seed_s, num_reserved=max(gpus // cfg.gpus_per_instance, 1))
+    controller = OffloadController(offload, seed_s, num_reserved=max(gpus // cfg.gpus_per_instance, 1),
+                                   reserved_usd_per_s=replace(cfg.cost, reserved_nodes=cfg.reserved_nodes).reserved_usd_per_s(),
+                                   instance_usd_per_s=cfg.cost.instance_usd_per_s())
     run, steps = _cluster(cfg, rollout_gpus=gpus, train_gpus=gpus, colocated=True, spot=True,
                           controller=controller if offload.enabled else None, seed_s=seed_s)
     return _result(cfg, steps, run.meter, run.timeline, run.caps, run.total_preemptions, gpus, gpus)

@@ -45,6 +45,15 @@ class CostConfig:
                              f"(priced: {', '.join(sorted(self.instance_usd_per_hour)) or 'none'})")
 
 
+    def reserved_usd_per_s(self) -> float:
+        """What the reserved nodes cost per second, together."""
+        return self.reserved_nodes * self.reserved_usd_per_hour / SECONDS_PER_HOUR
+
+    def instance_usd_per_s(self) -> float:
+        """What one preemptible instance of `instance_type` costs per second."""
+        return self.instance_usd_per_hour[self.instance_type] / SECONDS_PER_HOUR
+
+
 class CostMeter:
     """Charges steps and keeps the run's totals: usd, tokens, reserved_usd, preemptible_usd, wall_s,
     and instance_s (instance-seconds by type)."""
