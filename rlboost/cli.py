@@ -116,7 +116,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 def _simulate(args: argparse.Namespace) -> int:
     from rlboost.config import ConfigError, load_config
-    from rlboost.sim.report import evaluate, plot, render
+    from rlboost.sim.report import evaluate, plot, render, windows
     from rlboost.sim.simulator import POLICIES, SimConfig
     from rlboost.tables import print_line, print_output
 
@@ -129,12 +129,13 @@ def _simulate(args: argparse.Namespace) -> int:
             raise ConfigError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(POLICIES)}")
         if "verl" not in policies or "rlboost" not in policies:
             raise ConfigError("--policies must include verl (the reference) and rlboost")
+        runs = windows(base, args.segments, args.windows)
     except (ConfigError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
-    with console.status(f"simulating {len(args.models.split(','))} models x {len(args.segments)} segments x "
+    with console.status(f"simulating {len(args.models.split(','))} models x {len(runs)} trace windows x "
                         f"{len(policies)} policies..."):
-        result, runs = evaluate(base, args.models.split(","), args.segments, policies)
+        result, runs = evaluate(base, args.models.split(","), args.segments, policies, args.windows)
     print_output(console, render(result))
     if args.json:
         path = Path(args.json)
@@ -263,7 +264,9 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("config", nargs="?", help="YAML of SimConfig fields (optional)")
     sim.add_argument("overrides", nargs="*", help="dotted overrides, e.g. workload.median_response=2000")
     sim.add_argument("--models", default="qwen3-8b,qwen3-14b,qwen3-32b")
-    sim.add_argument("--segments", default="ABC", help="trace segments, e.g. AB")
+    sim.add_argument("--segments", default="ABC", help="segments of the bundled trace, e.g. AB")
+    sim.add_argument("--windows", default="", help="with trace.path=FILE.csv: windows of it in hours, e.g. "
+                     "0-2,2-4 (default: one run over the whole file)")
     sim.add_argument("--policies", default="verl,verl2x,disagg,rlboost,rlboost-noseed,rlboost-nomemory")
     sim.add_argument("--json", help="write the results to this JSON file")
     sim.add_argument("--plots", default="outputs/simulate", help="folder for the plots")

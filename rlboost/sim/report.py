@@ -16,33 +16,72 @@ PAPER_RLBOOST = {"qwen3-8b": (1.66, 1.34), "qwen3-14b": (1.97, 1.49), "qwen3-32b
 MODELS = ("qwen3-8b", "qwen3-14b", "qwen3-32b")
 
 
-def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC",
-             policies=POLICIES) -> tuple[dict, dict[tuple[str, str, str], SimResult]]:
-    """Simulate every (model, segment, policy); rows as in the JSON, plus `avg` rows over segments."""
+def windows(base: SimConfig, segments: str = "ABC", spec: str = "") -> dict[str, SimConfig]:
+    """The runs of one model and policy, by label. The bundled trace: one run per named segment. A
+    CSV of one's own (`trace.path`): one run over its whole length ("all"), or one per window of
+    `spec`, hours as "0-2,2-4.5" (an end past the file's is clipped to it)."""
+    if not base.trace.path:
+        if spec:
+            raise ValueError("--windows applies to a trace of one's own (trace.path); the bundled trace has --segments")
+        return {segment: replace(base, segment=segment) for segment in segments}
+    length_h = offered_instances(replace(base, trace=replace(base.trace, start_h=0.0, end_h=0.0))).duration_s
+    length_h = length_h * base.trace.time_scale / 3600
+    runs = {}
+    for part in (spec.split(",") if spec else [""]):
+        if part:
+            try:
+                start_h, end_h = (float(x) for x in part.split("-"))
+            except ValueError:
+                raise ValueError(f"--windows: {part!r} is not a window in hours like 0-2") from None
+            if not 0 <= start_h < min(end_h, length_h):
+                raise ValueError(f"--windows: {part!r} is empty or outside the trace (0-{length_h:g} h)")
+            end_h = min(end_h, length_h)
+        else:
+            start_h, end_h = 0.0, length_h
+        trace = replace(base.trace, start_h=start_h, end_h=end_h if end_h < length_h else 0.0)
+        runs[part or "all"] = replace(base, trace=trace, duration_s=(end_h - start_h) * 3600 / base.trace.time_scale)
+    return runs
+
+
+def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC", policies=POLICIES,
+             window_spec: str = "") -> tuple[dict, dict[tuple[str, str, str], SimResult]]:
+    """Simulate every (model, trace window, policy); rows as in the JSON, plus `avg` rows over the
+    windows. A window is a segment of the bundled trace or a window of one's own CSV (`windows`)."""
     rows, runs = [], {}
+    runs_by_label = windows(base, segments, window_spec)
     for model in models:
-        # veRL and the static split use no instances: one run stands for every segment
-        fixed: dict[str, SimResult] = {}
-        for segment in segments:
+        # veRL and the static split use no instances: one run stands for every window as long
+        fixed: dict[tuple[str, float], SimResult] = {}
+        for label, config in runs_by_label.items():
             for policy in ("verl",) + tuple(p for p in policies if p != "verl"):
-                if policy in fixed:
-                    r = fixed[policy]
+                key = (policy, config.duration_s)
+                if key in fixed:
+                    r = fixed[key]
                 else:
-                    r = simulate(replace(base, model=model, segment=segment, policy=policy))
+                    r = simulate(replace(config, model=model, policy=policy))
                     if policy in ("verl", "verl2x", "disagg"):
-                        fixed[policy] = r
-                runs[(model, segment, policy)] = r
+                        fixed[key] = r
+                runs[(model, label, policy)] = r
                 if policy in policies:
-                    rows.append(_row(model, segment, policy, r, runs[(model, segment, "verl")]))
+                    rows.append(_row(model, label, policy, r, runs[(model, label, "verl")]))
         for policy in policies:
             per = [row for row in rows if row["model"] == model and row["policy"] == policy]
             rows.append({"model": model, "segment": "avg", "policy": policy,
-                         **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED}})
+                         **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED},
+                         "worst_step_rel_verl": min(row["worst_step_rel_verl"] for row in per)})
     return {"config": asdict(base), "results": rows}, runs
 
 
 _AVERAGED = ("throughput_tokens_per_s", "cost_usd", "tokens_per_usd", "throughput_rel_verl",
              "cost_efficiency_rel_verl", "instances_mean", "preemptions")
+
+
+def worst_step(r: SimResult, verl: SimResult) -> float:
+    """The lowest throughput of a step relative to veRL's same step (the same samples): the regret a
+    user would see at a glance. Steps past veRL's last are compared with nothing."""
+    ratios = [(b.end_s - b.start_s) / (s.end_s - s.start_s) * s.tokens_trained / b.tokens_trained
+              for s, b in zip(r.steps, verl.steps) if s.end_s > s.start_s and b.tokens_trained]
+    return min(ratios, default=1.0)
 
 
 def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult) -> dict:
@@ -52,22 +91,24 @@ def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult) -
             "tokens_per_usd": r.tokens_per_usd, "throughput_rel_verl": rel["throughput"],
             "cost_efficiency_rel_verl": rel["cost_efficiency"],
             "instances_mean": r.instance_seconds / r.wall_s if r.wall_s else 0.0,
-            "preemptions": r.preemptions, "steps": len(r.steps)}
+            "preemptions": r.preemptions, "steps": len(r.steps), "worst_step_rel_verl": worst_step(r, verl)}
 
 
 def render(result: dict) -> Table:
-    table = Table(title="simulated runs (2-hour trace segments), relative to veRL on the same model and segment")
-    for col in ("model", "segment", "policy", "tokens/s", "vs verl", "tokens/$", "vs verl", "instances",
+    table = Table(title="simulated runs, relative to veRL (colocated) on the same model and trace window")
+    for col in ("model", "segment", "policy", "tokens/s", "vs verl", "tokens/$", "vs verl", "worst step", "instances",
                 "preemptions", "paper"):
         table.add_column(col, justify="left" if col in ("model", "segment", "policy") else "right")
     for row in sorted(result["results"], key=lambda r: (r["model"], r["segment"] == "avg", r["segment"])):
         paper = ""
-        if row["segment"] == "avg" and row["policy"] == "rlboost" and row["model"] in PAPER_RLBOOST:
+        bundled = not result["config"]["trace"]["path"]  # the paper's numbers are for the bundled segments
+        if bundled and row["segment"] == "avg" and row["policy"] == "rlboost" and row["model"] in PAPER_RLBOOST:
             paper = "{:.2f}x / {:.2f}x".format(*PAPER_RLBOOST[row["model"]])
         style = "bold" if row["segment"] == "avg" else None
         table.add_row(row["model"], row["segment"], row["policy"], f"{row['throughput_tokens_per_s']:,.0f}",
                       f"{row['throughput_rel_verl']:.2f}x", f"{row['tokens_per_usd']:,.0f}",
-                      f"{row['cost_efficiency_rel_verl']:.2f}x", f"{row['instances_mean']:.1f}",
+                      f"{row['cost_efficiency_rel_verl']:.2f}x", f"{row['worst_step_rel_verl']:.2f}x",
+                      f"{row['instances_mean']:.1f}",
                       f"{row['preemptions']:.0f}", paper, style=style)
     return table
 
