@@ -43,6 +43,8 @@ BENCHES: dict[str, tuple[str, str, str]] = {
                     "computing the calibration tables..."),
     "emulation": ("emulation", "simulated vs emulated steps: the simulator against the real control plane",
                   "running the real runtime on emulated engines, then the simulator..."),
+    "regret": ("regret", "RLBoost vs colocated on the real control plane in a scarce, bursty spot market",
+               "running the real runtime on emulated engines: the market, then colocated, in turns..."),
     "control-plane": ("control_plane", "the rollout manager's loop CPU per step at 4 / 16 / 64 emulated instances",
                       "running the real runtime on emulated instances..."),
 }

@@ -42,3 +42,34 @@ def test_bad_input_exits_2_naming_it(tmp_path, capsys, args, message):
     code = main(["simulate", "--plots", str(tmp_path / "plots"), *args])
     assert code == 2
     assert message in capsys.readouterr().out.replace("\n", "")
+
+
+def test_a_csv_of_ones_own_is_one_run_over_its_whole_length_or_the_windows_named(tmp_path):
+    csv = tmp_path / "market.csv"
+    csv.write_text("time_s,available_instances\n0,0\n1200,3\n2400,1\n5400,1\n")  # 1.5 hours
+    out = tmp_path / "sim.json"
+    assert run(tmp_path, f"trace.path={csv}", "--json", str(out)) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert {r["segment"] for r in rows} == {"all", "avg"}  # not three copies labelled A, B, C
+    verl = next(r for r in rows if r["segment"] == "all" and r["policy"] == "verl")
+    assert verl["steps"] >= 5400 / 1700  # the run covers the file's 1.5 hours (a veRL step is ~26 min)
+    assert verl["worst_step_rel_verl"] == 1.0  # every step is veRL's own
+    assert run(tmp_path, f"trace.path={csv}", "--windows", "0-0.5,0.5-9", "--json", str(out)) == 0
+    result = json.loads(out.read_text())
+    assert {r["segment"] for r in result["results"]} == {"0-0.5", "0.5-9", "avg"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--windows", "2-1"], "'2-1' is empty or outside the trace"),
+    (["--windows", "a-b"], "'a-b' is not a window in hours"),
+])
+def test_bad_windows_exit_2_naming_them(tmp_path, capsys, args, message):
+    csv = tmp_path / "market.csv"
+    csv.write_text("time_s,available_instances\n0,0\n3600,2\n")
+    assert run(tmp_path, f"trace.path={csv}", *args) == 2
+    assert message in capsys.readouterr().out.replace("\n", "")
+
+
+def test_windows_are_for_a_csv_of_ones_own(tmp_path, capsys):
+    assert run(tmp_path, "--windows", "0-1") == 2
+    assert "--windows applies to a trace of one's own" in capsys.readouterr().out.replace("\n", "")

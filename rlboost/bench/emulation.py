@@ -47,6 +47,7 @@ from rlboost.sim.emulated import FIRST_TOKEN, EmulatedEngines, EmulationConfig, 
 from rlboost.sim.profile import ProfileConfig
 from rlboost.sim.specs import MODELS
 from rlboost.sim.workload import Workload, WorkloadConfig
+from rlboost.spot.cost import CostConfig
 from rlboost.spot.trace import SEGMENTS, TraceConfig
 
 EOS = 2
@@ -104,6 +105,11 @@ class CheckConfig:
     small), capped at `instances`."""
     trace_compression: float = 120.0
     """trace: trace seconds per modelled second (120 replays the 2-hour segment in 60 s)."""
+    trace_path: str = ""
+    """trace: a `time_s,available_instances` CSV of one's own instead of the bundled segment (its
+    instances as they are: no sampling), capped at `instances`."""
+    colocated: bool = False
+    """No preemptible instance at all: the colocated baseline, on the same control plane."""
     worker: str = "rollout"
     """`rollout` (each worker holds the tiny model's skeleton: torch) or `light` (none: the worker's
     process never imports torch; what fits 64+ instances on one machine)."""
@@ -144,8 +150,19 @@ class CheckConfig:
     def trace_config(self, wall: bool) -> TraceConfig:
         """trace provider: the segment, compressed into modelled (or, `wall`, emulated wall) seconds."""
         compression = self.trace_compression / (self.time_scale if wall else 1.0)
+        if self.trace_path:
+            return TraceConfig(path=self.trace_path, sample=1.0, time_scale=compression, seed=self.seed,
+                               max_instances=self.instances)
         return TraceConfig(segment=self.segment, sample=self.trace_sample, time_scale=compression,
                            seed=self.seed, max_instances=self.instances)
+
+    def prices(self) -> tuple[float, float]:
+        """$ per wall second of the reserved GPUs and of one instance, at the paper's prices per GPU
+        (an 8xH100 node at cost.reserved_usd_per_hour, a 2xH100 instance at its spot price)."""
+        cost, tp = CostConfig(), self.emulation().profiles()[0].tp
+        per_s = 3600.0 * self.time_scale
+        return (cost.reserved_usd_per_hour * self.reserved_engines * tp / 8 / per_s,
+                cost.instance_usd_per_s() * 3600.0 * tp / 2 / per_s)
 
 
 @dataclass
@@ -179,6 +196,8 @@ class EmulatedStep:
     """(seconds into the step, worker, why) of every worker declared dead during the step."""
     reports: int = 0
     """Worker reports the manager's loop handled in the step."""
+    instance_s: float = 0.0
+    """Instance-seconds (wall) the step held."""
 
 
 @dataclass
@@ -347,7 +366,8 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     _, train = emu.profiles()
     train_gpus = cfg.reserved_engines * emu.profiles()[0].tp
     hybrid = HybridConfig(
-        num_reserved=cfg.reserved_engines, num_preemptible=cfg.instances, provider=cfg.provider,
+        num_reserved=cfg.reserved_engines, num_preemptible=0 if cfg.colocated else cfg.instances,
+        provider="fixed" if cfg.colocated else cfg.provider,
         seed_window_s=cfg.seed_window_s * ts, max_pending=cfg.max_pending, respawn=True,
         heartbeat_interval_s=1.0, heartbeat_timeout_s=30.0, call_timeout_s=300.0,
         trace=cfg.trace_config(wall=True), offload=cfg.offload_config(ts))
@@ -360,7 +380,9 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     steps: list[EmulatedStep] = []
     provision: list[float] = []
     memory: dict = {}
-    rollout = HybridRollout(hybrid, spec, _weights(0), version=0, seed=cfg.seed)
+    reserved_usd_per_s, instance_usd_per_s = cfg.prices()
+    rollout = HybridRollout(hybrid, spec, _weights(0), version=0, seed=cfg.seed,
+                            reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s)
     boot_wall = time.monotonic() - t_begin
     try:
         for k in range(cfg.steps):
@@ -417,7 +439,8 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         migrations=int(metrics["migration/samples"]),
         cap=int(metrics["spot/cap"]) if "spot/cap" in metrics else None, loop_cpu_s=run.loop_cpu_s,
         driver_cpu_s=driver_cpu, tokens=sum(len(s.response_ids) for g in done for s in g.samples),
-        samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports)
+        samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports,
+        instance_s=metrics["spot/instance_s"])
 
 
 # ---- the simulated twin ----------------------------------------------------------------------------
@@ -439,6 +462,8 @@ def sim_config(cfg: CheckConfig, startup_s: float, trace_csv: str = ""):
         trace_gpus_per_instance=tp,  # the runtime's replay counts a trace row as one of its instances
         stream_interval=cfg.stream_interval, max_pending=cfg.max_pending, offload=cfg.offload_config(),
         initial_seed_s=cfg.seed_window_s, workload=emu.lengths(), seed=cfg.seed, duration_s=1.0,
+        cost=CostConfig(reserved_usd_per_hour=cfg.prices()[0] * 3600 * cfg.time_scale,
+                        instance_usd_per_hour={"spot-2xH100": cfg.prices()[1] * 3600 * cfg.time_scale}),
         profile=replace(ProfileConfig(), max_num_seqs=cfg.max_num_seqs, reserved_gbps=FAST_GBPS,
                         spot_gbps=2 * FAST_GBPS))
 
