@@ -148,56 +148,68 @@ def test_a_deferred_hand_off_teaches_the_controller_the_window_the_step_really_h
     assert c.update(timings(wait_remote_s=20.0)) == pytest.approx(30.0)  # as planned: from 40
 
 
+def steps_at(value: InstanceValue, n: int, tokens_per_s: float, times: int = 3) -> None:
+    for _ in range(times):
+        value.observe(n, tokens_per_s)
+
+
 def test_balanced_drops_a_single_instance_that_does_not_pay_for_itself():
     # the reserved nodes cost 1 $/s, an instance 0.5 $/s: it must add half the throughput to pay
     value = InstanceValue("balanced", 1.0, 0.5)
+    steps_at(value, 1, 120.0, times=2)
+    assert value.cap() is None  # the controller is still learning its window with one instance
     value.observe(1, 120.0)
-    assert value.cap() == 0  # the colocated run was never measured: explore it (no regret)
+    assert value.cap() == 0  # judged; the colocated run was never measured: explore it (no regret)
     value.observe(0, 100.0)
     assert value.cap() == 0  # 120 / 1.5 = 80 tokens/$ < 100 at 0 instances: keep to 0
     paying = InstanceValue("balanced", 1.0, 0.5)
     paying.observe(0, 100.0)
-    paying.observe(1, 160.0)  # 160 / 1.5 = 107 tokens/$ > 100
+    steps_at(paying, 1, 160.0)  # 160 / 1.5 = 107 tokens/$ > 100
     assert paying.cap() is None
+
+
+def test_the_judgement_averages_the_steps_at_a_count():
+    value = InstanceValue("balanced", 1.0, 0.5)
+    value.observe(0, 100.0)
+    for tps in (140.0, 170.0, 170.0):  # one slow step among paying ones: 160 on average
+        value.observe(1, tps)
+    assert value.tokens_per_s[1] == pytest.approx(160.0) and value.cap() is None
 
 
 def test_a_limit_is_lifted_once_the_count_above_it_pays_and_retried_after_a_while():
     value = InstanceValue("balanced", 1.0, 0.5, retry_steps=3)
-    value.observe(1, 120.0)
+    steps_at(value, 1, 120.0)
     assert value.cap() == 0
     value.observe(0, 60.0)  # measured: the colocated run is slower per dollar than one instance
     assert value.cap() is None
     stuck = InstanceValue("balanced", 1.0, 0.5, retry_steps=3)
     stuck.observe(0, 100.0)
-    stuck.observe(1, 110.0)
+    steps_at(stuck, 1, 110.0)
     assert stuck.cap() == 0
-    stuck.observe(0, 100.0)
-    stuck.observe(0, 100.0)
-    stuck.observe(0, 100.0)
+    steps_at(stuck, 0, 100.0)
     assert stuck.cap() is None  # measured anew: the market or the workload may have moved
 
 
 def test_cost_weighs_the_last_instance_and_throughput_ignores_prices():
-    cost = InstanceValue("cost", 1.0, 0.5)
-    for n, tps in ((0, 100.0), (1, 200.0), (2, 220.0)):
-        cost.observe(n, tps)
+    cost, balanced = InstanceValue("cost", 1.0, 0.5), InstanceValue("balanced", 1.0, 0.5)
+    for value in (cost, balanced):
+        for n, tps in ((0, 100.0), (1, 200.0), (2, 220.0)):
+            steps_at(value, n, tps)
     # 2 instances: 220 / 2 = 110 tokens/$ < 1 instance's 200 / 1.5 = 133: the second does not pay
     assert cost.cap() == 1
-    balanced = InstanceValue("balanced", 1.0, 0.5)
-    for n, tps in ((0, 100.0), (1, 200.0), (2, 220.0)):
-        balanced.observe(n, tps)
     assert balanced.cap() is None  # 110 tokens/$ still beats the colocated 100
-    fast = InstanceValue("throughput", 1.0, 0.5)
-    fast.observe(1, 10.0)
-    assert fast.cap() is None
-    free = InstanceValue("balanced", 1.0, 0.0)
-    free.observe(1, 10.0)
-    assert free.cap() is None
+    fast, free = InstanceValue("throughput", 1.0, 0.5), InstanceValue("balanced", 1.0, 0.0)
+    for value in (fast, free):
+        steps_at(value, 1, 10.0)
+        assert value.cap() is None
 
 
 def test_the_objective_caps_the_controller_and_survives_a_checkpoint():
     c = OffloadController(OffloadConfig(), 5.0, 2, reserved_usd_per_s=1.0, instance_usd_per_s=0.5)
-    c.update(timings(n=1, tokens_per_s=120.0, preemptions=1, instance_s=50.0))
+    for _ in range(3):
+        c.update(timings(n=1, tokens_per_s=120.0, preemptions=0, instance_s=50.0))
+    c.update(timings(n=1, stable=False, tokens_per_s=1.0, preemptions=1, instance_s=50.0))  # unsteady: not judged
+    assert c.value.tokens_per_s[1] == pytest.approx(120.0)
     assert c.instance_cap() == 0  # below min_instances: the objective may go to 0
     state = json.loads(json.dumps(c.state_dict()))
     restored = OffloadController(OffloadConfig(), 5.0, 2, reserved_usd_per_s=1.0, instance_usd_per_s=0.5)

@@ -1,9 +1,11 @@
 """What an instance must be worth to be kept: the offload objective (`rollout.hybrid.offload.objective`).
 
-Contract: after every step the controller reports the instances the step started with and the
-step's throughput (`observe`); they build a table of throughput by instance count, smoothed.
-`cap()` then says how many instances the objective allows, from measured throughputs and the
-prices alone:
+Contract: after every steady step (no join, no preemption) the controller reports the instances it
+held and its throughput (`observe`); they build a table of throughput by instance count (a running
+mean, then an exponential one of weight `smoothing`: one step is ±10% noise against a price margin
+of a few percent). A count is judged once `judge_after` steps were seen with it (the controller
+learns its window meanwhile). `cap()` then says how many instances the objective allows, from
+measured throughputs and the prices alone:
 
 - throughput: no limit from prices (the paper's controller: instances while they speed up the run);
 - balanced: the n-th instance is kept while the run's tokens per dollar at n stays at least the
@@ -14,8 +16,9 @@ prices alone:
 Tokens per dollar at n = throughput(n) / (reserved $/s + n × instance $/s). When the comparison's
 other side was never measured: with one instance the cap drops to 0 for a step to measure it (that
 step is the colocated baseline itself, so exploring costs no regret); with more, the instances are
-taken to pay. A limit is lifted again after `retry_steps` steps, so a market whose prices or speeds
-moved is measured anew. Pure: no clock.
+taken to pay, so instances dearer than they are worth go unnoticed in a market that never leaves
+the run without any (docs/simulator.md, "No regret on scarce markets"). A limit is lifted again
+after `retry_steps` steps, so a market whose prices or speeds moved is measured anew. Pure: no clock.
 """
 
 from __future__ import annotations
@@ -27,26 +30,31 @@ OBJECTIVES = ("throughput", "balanced", "cost")
 
 class InstanceValue:
     def __init__(self, objective: str, reserved_usd_per_s: float, instance_usd_per_s: float,
-                 smoothing: float = 0.5, retry_steps: int = 10):
+                 smoothing: float = 0.1, retry_steps: int = 10, judge_after: int = 3):
         if objective not in OBJECTIVES:
             raise ValueError(f"objective={objective!r}; valid: {', '.join(OBJECTIVES)}")
         if reserved_usd_per_s < 0 or instance_usd_per_s < 0:
             raise ValueError("prices must be >= 0")
         self.objective = objective
         self.reserved_usd_per_s, self.instance_usd_per_s = reserved_usd_per_s, instance_usd_per_s
-        self.smoothing, self.retry_steps = smoothing, retry_steps
+        self.smoothing, self.retry_steps, self.judge_after = smoothing, retry_steps, judge_after
         self.tokens_per_s: dict[int, float] = {}
         """Smoothed throughput of steady steps by instance count."""
+        self.steps: dict[int, int] = {}
+        """Steady steps seen by instance count."""
         self.limit: int | None = None
         """The cap the objective set; None: none."""
         self._limit_age = 0
 
     def observe(self, instances: int, tokens_per_s: float) -> None:
-        """A finished step that started with `instances` (preemptions during it count against them)."""
+        """A finished steady step with `instances`."""
         if math.isfinite(tokens_per_s) and tokens_per_s > 0:
-            old = self.tokens_per_s.get(instances)
-            self.tokens_per_s[instances] = (tokens_per_s if old is None
-                                            else (1 - self.smoothing) * old + self.smoothing * tokens_per_s)
+            seen = self.steps.get(instances, 0) + 1
+            self.steps[instances] = seen
+            # a running mean over the first 1 / smoothing steps, an exponential average after
+            weight = max(1.0 / seen, self.smoothing)
+            old = self.tokens_per_s.get(instances, tokens_per_s)
+            self.tokens_per_s[instances] = (1 - weight) * old + weight * tokens_per_s
         if self.limit is not None:
             self._limit_age += 1
             if self._limit_age >= self.retry_steps:
@@ -70,8 +78,8 @@ class InstanceValue:
         """Whether the n-th instance meets the objective: None when n was never measured; False when
         the comparison's other side was never measured and is worth a step to explore."""
         here = self.tokens_per_usd(n)
-        if here is None:
-            return None
+        if here is None or self.steps.get(n, 0) < self.judge_after:
+            return None  # the controller needs a few steps at n to learn its window: judge it after
         reference = 0 if self.objective == "balanced" else n - 1
         there = self.tokens_per_usd(reference)
         if there is None:
@@ -86,12 +94,13 @@ class InstanceValue:
 
     def state_dict(self) -> dict:
         return {"tokens_per_s": {str(n): v for n, v in self.tokens_per_s.items()}, "limit": self.limit,
-                "limit_age": self._limit_age}
+                "limit_age": self._limit_age, "steps": {str(n): v for n, v in self.steps.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         self.tokens_per_s = {int(n): float(v) for n, v in state.get("tokens_per_s", {}).items()}
         self.limit = state.get("limit")
         self._limit_age = int(state.get("limit_age", 0))
+        self.steps = {int(n): int(v) for n, v in state.get("steps", {}).items()}
 
 
 __all__ = ["OBJECTIVES", "InstanceValue"]

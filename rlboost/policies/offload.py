@@ -128,7 +128,8 @@ class OffloadController:
             return self.seed_s  # a broken measurement says nothing; keep the last decision
         step_seed_s = t.seed_s if math.isfinite(t.seed_s) else self.seed_s
         self._learn_outlook(t)
-        self.value.observe(t.instances, t.tokens_per_s)
+        if t.stable:
+            self.value.observe(t.instances, t.tokens_per_s)
         # Trainer waiting: the instances are the bottleneck, so the reserved workers should generate
         # longer. Instances idle at the end: the trainer is, so hand it the reserved workers sooner.
         self.seed_s = self._clamp(step_seed_s + (t.wait_train_s - t.wait_remote_s) / self.cfg.eta)
