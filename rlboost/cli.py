@@ -135,6 +135,9 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
+    if base.trace.path and base.trace.sample != 1:
+        print_line(console, f"note: trace.sample={base.trace.sample:g} keeps that fraction of {base.trace.path}'s "
+                            "instances (the paper's sampling of the bundled trace); trace.sample=1 keeps them all")
     with console.status(f"simulating {len(args.models.split(','))} models x {len(runs)} trace windows x "
                         f"{len(policies)} policies..."):
         result, runs = evaluate(base, args.models.split(","), args.segments, policies, args.windows)

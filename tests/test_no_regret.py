@@ -221,7 +221,8 @@ def test_the_objective_caps_the_controller_and_survives_a_checkpoint():
     assert old.instance_cap() == 3 and old.outlook() == StepOutlook(0.0, 0.0)
 
 
-@pytest.mark.parametrize("field, value", [("objective", "speed"), ("risk_decay", 1.0), ("risk_decay", -0.1)])
+@pytest.mark.parametrize("field, value", [("objective", "speed"), ("risk_decay", 1.0), ("risk_decay", -0.1),
+                                          ("max_provision_share", 0.0), ("retry_steps", 0)])
 def test_bad_offload_values_are_refused_naming_the_key(field, value):
     with pytest.raises(ValueError, match=rf"rollout\.hybrid\.offload\.{field}"):
         OffloadConfig(**{field: value}).validate()
@@ -265,3 +266,22 @@ def test_rlboost_is_never_below_colocated_on_scarce_and_bursty_markets(markets, 
         rel = simulate(replace(cfg, model=model, policy="rlboost")).relative_to(verl)
         worst.append((min(rel["throughput"], rel["cost_efficiency"]), name, rel))
     assert min(worst)[0] >= 0.98, sorted(worst)[:3]
+
+
+def test_no_instance_is_requested_where_the_market_kills_them_before_they_serve():
+    c = OffloadController(OffloadConfig(risk_decay=0.0, retry_steps=2), 5.0, 2)
+    c.update(timings(preemptions=1, instance_s=100.0, provision_s=10.0))  # λ = 0.01, 10 s to provision: 0.1
+    assert c.instance_cap() != 0
+    c.update(timings(preemptions=3, instance_s=30.0))  # λ = 0.1: killed after 10 s on average, as long as a boot
+    assert c.instance_cap() == 0
+    c.update(timings(instance_s=0.0))
+    assert c.instance_cap() == 0
+    c.update(timings(instance_s=0.0))
+    assert c.instance_cap() != 0 and c.preemption_rate() == 0.0  # retried: the market is measured anew
+    state = json.loads(json.dumps(c.state_dict()))
+    again = OffloadController(OffloadConfig(), 5.0, 2)
+    again.load_state_dict(state)
+    assert again.provision_s == 10.0
+    calm = OffloadController(OffloadConfig(preemption_risk=False), 5.0, 2)
+    calm.update(timings(preemptions=3, instance_s=30.0, provision_s=10.0))
+    assert calm.instance_cap() != 0

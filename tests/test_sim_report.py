@@ -44,13 +44,14 @@ def test_bad_input_exits_2_naming_it(tmp_path, capsys, args, message):
     assert message in capsys.readouterr().out.replace("\n", "")
 
 
-def test_a_csv_of_ones_own_is_one_run_over_its_whole_length_or_the_windows_named(tmp_path):
+def test_a_csv_of_ones_own_is_one_run_over_its_whole_length_or_the_windows_named(tmp_path, capsys):
     csv = tmp_path / "market.csv"
     csv.write_text("time_s,available_instances\n0,0\n1200,3\n2400,1\n5400,1\n")  # 1.5 hours
     out = tmp_path / "sim.json"
     assert run(tmp_path, f"trace.path={csv}", "--json", str(out)) == 0
     rows = json.loads(out.read_text())["results"]
     assert {r["segment"] for r in rows} == {"all", "avg"}  # not three copies labelled A, B, C
+    assert "trace.sample=0.5 keeps that fraction" in capsys.readouterr().out.replace("\n", "")
     verl = next(r for r in rows if r["segment"] == "all" and r["policy"] == "verl")
     assert verl["steps"] >= 5400 / 1700  # the run covers the file's 1.5 hours (a veRL step is ~26 min)
     assert verl["worst_step_rel_verl"] == 1.0  # every step is veRL's own

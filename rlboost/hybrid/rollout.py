@@ -124,6 +124,7 @@ class HybridRollout:
             wait_train_s=run.trainer_wait_s, wait_remote_s=wait_remote, remote_s=remote_s, train_s=compute_s,
             tokens_per_s=sum(stats.tokens_by_kind.values()) / max(now - self.step_started, 1e-9),
             samples=len(run.state.tracked), preemptions=preemptions, instance_s=instance_s,
+            provision_s=sum(pulls.provision_s) / len(pulls.provision_s) if pulls.provision_s else float("nan"),
             **stats.offload_measurements())
         self.controller.update(timings)
         cap = self.controller.instance_cap()

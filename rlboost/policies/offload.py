@@ -51,6 +51,12 @@ class OffloadConfig:
     `risk_decay` per step). False: instances are taken never to be preempted."""
     risk_decay: float = 0.8
     """Weight of the past in the market's preemption rate, per step: 0 keeps only the last step."""
+    max_provision_share: float = 0.5
+    """No instance is requested while the market preempts one, on average, before it has served as
+    long as it took to provision (λ × provisioning time above this share of its expected life): its
+    boot and weight pull would be billed for little or no rollout. Retried after `retry_steps`."""
+    retry_steps: int = 10
+    """Steps after which a cap set by the market's risk or by the objective is lifted, to measure again."""
 
     def validate(self) -> None:
         if not (self.eta > 0 and math.isfinite(self.eta)):
@@ -65,6 +71,10 @@ class OffloadConfig:
             raise ValueError(f"{_PREFIX}.max_instances must be >= min_instances, got {self.max_instances}")
         if self.objective not in OBJECTIVES:
             raise ValueError(f"{_PREFIX}.objective={self.objective!r}; valid: {', '.join(OBJECTIVES)}")
+        if not (0 < self.max_provision_share and math.isfinite(self.max_provision_share)):
+            raise ValueError(f"{_PREFIX}.max_provision_share must be a finite number > 0, got {self.max_provision_share}")
+        if self.retry_steps < 1:
+            raise ValueError(f"{_PREFIX}.retry_steps must be >= 1, got {self.retry_steps}")
         if not 0 <= self.risk_decay < 1:
             raise ValueError(f"{_PREFIX}.risk_decay must be in [0, 1), got {self.risk_decay}")
 
@@ -86,6 +96,7 @@ class StepTimings:
     instance_s: float = 0.0  # instance-seconds the step held (booting and pulling included)
     reserved_worker_tokens_per_s: float = math.nan  # a reserved worker's tokens per second it held samples
     instance_worker_tokens_per_s: float = math.nan  # the same for a preemptible worker (NaN: none generated)
+    provision_s: float = math.nan  # mean launch-to-serving time of the instances that became ready (NaN: none)
 
 
 class OffloadController:
@@ -106,7 +117,9 @@ class OffloadController:
         self._outlook: StepOutlook | None = None  # None until a step has been measured
         self._risk = (0.0, 0.0)  # decayed (preemptions, instance-seconds) of the market
         self._rates = [0.0, 0.0]  # sustained tokens/s of a reserved and of a preemptible worker (0: unknown)
-        self.value = InstanceValue(cfg.objective, reserved_usd_per_s, instance_usd_per_s)
+        self.value = InstanceValue(cfg.objective, reserved_usd_per_s, instance_usd_per_s, retry_steps=cfg.retry_steps)
+        self.provision_s = math.nan  # the latest measured launch-to-serving time of an instance
+        self._short_lived = 0  # steps the market's risk has held the cap at 0 (0: it does not)
 
     def _clamp(self, seed_s: float) -> float:
         return min(max(float(seed_s), self.cfg.min_seed_s), self.cfg.max_seed_s)
@@ -127,7 +140,7 @@ class OffloadController:
         if not all(math.isfinite(x) for x in times):
             return self.seed_s  # a broken measurement says nothing; keep the last decision
         step_seed_s = t.seed_s if math.isfinite(t.seed_s) else self.seed_s
-        self._learn_outlook(t)
+        self._learn_market(t)
         if t.stable:
             self.value.observe(t.instances, t.tokens_per_s)
         # Trainer waiting: the instances are the bottleneck, so the reserved workers should generate
@@ -148,9 +161,18 @@ class OffloadController:
             self._cap = cap if self.cfg.max_instances is None else min(cap, self.cfg.max_instances)
         return self.seed_s
 
-    def _learn_outlook(self, t: StepTimings) -> None:
+    def _learn_market(self, t: StepTimings) -> None:
         d = self.cfg.risk_decay
         self._risk = (d * self._risk[0] + t.preemptions, d * self._risk[1] + t.instance_s)
+        if math.isfinite(t.provision_s):
+            self.provision_s = t.provision_s
+        too_risky = self.preemption_rate() * self.provision_s > self.cfg.max_provision_share  # False while NaN
+        if self._short_lived:
+            self._short_lived += 1
+            if self._short_lived > self.cfg.retry_steps:
+                self._short_lived, self._risk = 0, (0.0, 0.0)  # measure the market anew
+        elif too_risky and self.cfg.preemption_risk:
+            self._short_lived = 1
         for i, rate in enumerate((t.reserved_worker_tokens_per_s, t.instance_worker_tokens_per_s)):
             if math.isfinite(rate) and rate > 0:  # the last step's: its workload is the next one's
                 self._rates[i] = rate
@@ -176,6 +198,8 @@ class OffloadController:
         than the objective allows; None: no cap."""
         if not self.cfg.enabled:
             return None
+        if self._short_lived:
+            return 0
         limit = self.value.cap()
         if limit is None or self._cap is None:
             return self._cap if limit is None else limit
@@ -188,7 +212,9 @@ class OffloadController:
                 "memory_tokens_per_s": {str(n): None if math.isnan(v) else v
                                         for n, v in self.memory_tokens_per_s.items()},
                 "outlook": None if self._outlook is None else [self._outlook.tokens_per_sample, self._outlook.train_s],
-                "risk": list(self._risk), "worker_tokens_per_s": list(self._rates), "value": self.value.state_dict()}
+                "risk": list(self._risk), "worker_tokens_per_s": list(self._rates), "value": self.value.state_dict(),
+                "provision_s": None if math.isnan(self.provision_s) else self.provision_s,
+                "short_lived": self._short_lived}
 
     def load_state_dict(self, state: dict) -> None:
         self.memory = {int(n): self._clamp(seed) for n, seed in state.get("memory", {}).items()}
@@ -203,6 +229,8 @@ class OffloadController:
         self._risk = tuple(float(x) for x in state.get("risk", (0.0, 0.0)))
         self._rates = [float(x) for x in state.get("worker_tokens_per_s", (0.0, 0.0))]
         self.value.load_state_dict(state.get("value", {}))
+        self.provision_s = math.nan if state.get("provision_s") is None else float(state["provision_s"])
+        self._short_lived = int(state.get("short_lived", 0))
         if self.cfg.enabled:  # disabled: T_seed stays what the config says
             self.seed_s = self._clamp(state["seed_s"])
 

@@ -15,23 +15,23 @@ released) and `CostMeter` (dollars). Time is continuous and jumps from event to 
 simulated token by token. Pure: no clock, no Ray, no torch; the only randomness is the trace
 replay's seeded choice of victims.
 
-Streaming, as the simulator sees it: an engine's tokens reach the manager in chunks of
-`stream_interval`. Nothing depends on the chunks in between, so a sample's tokens are reported when
-it finishes, or when its engine is hard-killed: then the complete chunks of its attempt, and the
-rest dies with the instance (the waste).
+Streaming, as the simulator sees it: nothing depends on the chunks in between, so a sample's tokens
+are reported when it finishes, or when its engine is hard-killed: then the complete chunks of
+`stream_interval` of its attempt, and the rest dies with the instance (the waste).
 
 Two layouts share the loop:
 - `colocated=True` (RLBoost): the reserved GPUs run rollout engines for the seeding window, hand
   their partial samples to the instances, then train on finished groups as they stream in.
 - `colocated=False` (Disagg, StreamRL-style): some reserved GPUs only generate, the others only
   train, both for the whole step; no instances (the step has no seeding window).
-The modelling assumptions are listed in docs/simulator.md, "Simulation model".
+Modelling assumptions: docs/simulator.md, "Simulation model".
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -126,16 +126,16 @@ class _Engine:
         """Request id -> response tokens its sample held when submitted here."""
 
 
+@dataclass(slots=True)
 class _Instance:
-    __slots__ = ("name", "engines", "booted", "version", "doomed", "pull_started")
-
-    def __init__(self, name: str):
-        self.name = name
-        self.engines: list[_Engine] = []
-        self.booted = False
-        self.version: int | None = None  # the weights it serves; None while booting or pulling
-        self.doomed = False
-        self.pull_started = 0.0
+    name: str
+    launched: float
+    engines: list[_Engine] = field(default_factory=list)
+    booted: bool = False
+    version: int | None = None  # the weights it serves; None while booting or pulling
+    doomed: bool = False
+    pull_started: float = 0.0
+    served: bool = False  # it has held the newest weights once: provisioned
 
 
 class ClusterRun:
@@ -348,7 +348,7 @@ class ClusterRun:
         self.step_start = self.now
         self.step_tokens0 = self.tokens_generated
         self.step_inst_s0 = self._instance_seconds()
-        self.st_preemptions = 0
+        self.st_preemptions, self.step_provision = 0, []  # the instances' launch-to-serving times
         self._replay_step()
         self.instances_start = len(self.instances)
         ids = self.work.prompt_ids(k)
@@ -373,14 +373,13 @@ class ClusterRun:
             self.seed_s = self.fixed_seed_s
         keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
-        histopipe = self.histopipe
+        histopipe, controller = self.histopipe, self.controller if self.colocated else None
         overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
         self.step = step = StepState(
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
             seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
-            progress=self._progress, longest_pull_s=self.pull_s,
-            outlook=self.controller.outlook() if self.controller is not None and self.colocated else None)
+            progress=self._progress, longest_pull_s=self.pull_s, outlook=controller and controller.outlook())
         for e in self.reserved:
             step.join(e.name, RESERVED, self.max_running, e.profile, serving=True)
         for inst in self.instances.values():
@@ -446,6 +445,7 @@ class ClusterRun:
                 wait_remote_s=self.wait_remote, remote_s=self.remote_s, train_s=self.train_compute,
                 tokens_per_s=sum(self.lengths.values()) / (self.now - self.step_start), samples=len(self.lengths),
                 preemptions=self.st_preemptions, instance_s=self._instance_seconds() - self.step_inst_s0,
+                provision_s=statistics.fmean(self.step_provision) if self.step_provision else math.nan,
                 **self.step.stats.offload_measurements()))
             self.cap = self.controller.instance_cap()
         ids = self.work.prompt_ids(self.k)
@@ -519,7 +519,7 @@ class ClusterRun:
         for _ in range(actions.start):
             name = f"i{self._launched}"
             self._launched += 1
-            self.instances[name] = _Instance(name)
+            self.instances[name] = _Instance(name, self.now)
             self._count_live(+1)
             self._push(self.now + self.cfg.instance_startup_s, _BOOTED, name, None)
 
@@ -547,6 +547,9 @@ class ClusterRun:
             self._push(self.now + self.pull_s, _PULLED, name, self.published)
             return
         inst.version = version
+        if not inst.served:
+            inst.served = True
+            self.step_provision.append(self.now - inst.launched)
         if self._in_step() and version == self.k:
             for e in inst.engines:
                 self.step.ready(e.name, self.now, self.pull_s)
