@@ -304,13 +304,14 @@ def main(argv: list[str] | None = None) -> int:
     from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError
     from rlboost.rewards import RewardConfigError, RewardFunctionError
+    from rlboost.trainer.errors import TrainerRankError
 
     try:
         return args.func(args)
     except (ConfigError, InvalidRequestError, FileNotFoundError, DatasetError, RewardConfigError) as e:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 2
-    except RewardFunctionError as e:  # the run stopped; its checkpoints and metrics so far are kept
+    except (RewardFunctionError, TrainerRankError) as e:  # the run stopped; its checkpoints and metrics are kept
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 1
 

@@ -7,12 +7,17 @@ torch.distributed gloo group, FSDP2-sharded tiny models. The world-1 reference i
 from __future__ import annotations
 
 import copy
+import os
 import random
+import time
+from pathlib import Path
 
 import pytest
 import ray
 import torch
+from transformers import AutoModelForCausalLM
 
+from rlboost.checkpoint import load_checkpoint, save_checkpoint
 from rlboost.hybrid.config import RaySecurityConfig
 from rlboost.hybrid.ray_setup import start_local_ray
 from rlboost.hybrid.weights import pull
@@ -20,6 +25,7 @@ from rlboost.models import ModelConfig, load_model
 from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
 from rlboost.trainer.ranks import TrainerGroup, TrainerRankError, check_world_size
 
+from hybrid_util import patience
 from test_trainer import MAX_RESPONSE, make_groups
 
 POLICY = ModelConfig(path="tiny:qwen2", seed=3)
@@ -158,3 +164,96 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(local_ray)
         assert 0 < trainers.last_publish_peak_bytes <= bucket_mb * 2**20 + max(sizes) < sum(sizes)
     finally:
         trainers.close()
+
+
+def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(local_ray, tmp_path):
+    """A checkpoint after one step, then the second step: resumed at world 2 it gives the uninterrupted
+    run's metrics; the same checkpoint resumes at world 1 (2 -> 1), and a world-1 checkpoint at world 2
+    (1 -> 2), each to the metrics of the run that never stopped. The hf/ folder loads with transformers."""
+    first, second = make_groups(num_groups=4, n=3, seed=21), make_groups(num_groups=4, n=3, seed=22)
+    cfg = dict(micro_batch_groups=2, mini_batch_groups=2, lr_warmup_steps=2, lr_schedule="cosine", **MOVING)
+    kwargs = trainer_kwargs() | {"total_optimizer_steps": 8}
+
+    def world1() -> Trainer:
+        return Trainer(load_model(POLICY).model, TrainerConfig(share_prompt=False, **cfg), **kwargs)
+
+    def world2() -> TrainerGroup:
+        return TrainerGroup(TrainerConfig(world_size=2, **cfg), POLICY, **kwargs)
+
+    def close_to(got: dict, want: dict, rel: float) -> None:
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-7), key
+
+    trainers = world2()
+    try:
+        trainers.train_step(copy.deepcopy(first), 4)
+        saved2 = save_checkpoint(tmp_path / "two", 1, trainers, None, {})
+        want2 = trainers.train_step(copy.deepcopy(second), 4)
+    finally:
+        trainers.close()
+    one = world1()
+    one.train_step(copy.deepcopy(first), 4)
+    saved1 = save_checkpoint(tmp_path / "one", 1, one, None, {})
+    want1 = one.train_step(copy.deepcopy(second), 4)
+    close_to(want2, want1, rel=1e-4)  # the two uninterrupted runs agree to float rounding
+    assert want1["actor/lr"] != cfg["lr"]  # mid warm-up / cosine: the scheduler's state matters
+
+    exported = AutoModelForCausalLM.from_pretrained(saved2 / "hf")  # a normal from_pretrained folder
+    after_first = world1()
+    load_checkpoint(saved1, after_first)
+    for name, p in after_first.model.named_parameters():
+        torch.testing.assert_close(exported.get_parameter(name), p.detach(), rtol=1e-5, atol=1e-7)
+
+    resumed = world2()  # 2 -> 2
+    try:
+        load_checkpoint(saved2, resumed)
+        close_to(resumed.train_step(copy.deepcopy(second), 4), want2, rel=1e-5)
+    finally:
+        resumed.close()
+    back = world1()  # 2 -> 1
+    load_checkpoint(saved2, back)
+    close_to(back.train_step(copy.deepcopy(second), 4), want2, rel=1e-4)
+    up = world2()  # 1 -> 2
+    try:
+        load_checkpoint(saved1, up)
+        close_to(up.train_step(copy.deepcopy(second), 4), want1, rel=1e-4)
+    finally:
+        up.close()
+
+
+def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(local_ray):
+    """Rank 1 SIGKILLs itself as its first micro-batch pass of step 2 begins, while rank 0 runs the same
+    pass and waits for it in a collective: the step fails at once with an error naming rank 1 and step
+    2, the ranks are torn down, and the group refuses further work."""
+    groups = make_groups(num_groups=4, n=3, seed=31)
+    trainers = TrainerGroup(TrainerConfig(world_size=2, **MOVING), POLICY, **trainer_kwargs())
+    try:
+        trainers.train_step(copy.deepcopy(groups), 4, step=1)
+        passes = ray.get(trainers.ranks[1].script_fault.remote(""))
+        assert passes == 2  # 4 groups, 2 ranks, micro-batches of one group
+        ray.get(trainers.ranks[1].script_fault.remote(f"1:{passes + 1}"))
+        pids = [info["pid"] for info in trainers.info]
+        started = time.monotonic()
+        with pytest.raises(TrainerRankError, match=r"trainer rank 1 of 2 died at step 2 \(training\)"):
+            trainers.train_step(copy.deepcopy(groups), 4, step=2)
+        assert time.monotonic() - started < patience(30)  # bounded: no waiting out a collective timeout
+        deadline = time.monotonic() + patience(30)
+        while any(alive(pid) for pid in pids):  # rank 0, stuck in the collective, was ended too
+            assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
+            time.sleep(0.1)
+        with pytest.raises(TrainerRankError, match="torn down: trainer rank 1 of 2 died at step 2"):
+            trainers.train_step(copy.deepcopy(groups), 4, step=3)
+    finally:
+        trainers.close()
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead: only its parent has not reaped it yet
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

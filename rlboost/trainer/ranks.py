@@ -22,9 +22,11 @@ Contract (DESIGN.md 2.6):
 from __future__ import annotations
 
 import os
+import signal
 import socket
 from collections.abc import Callable, Iterable
 from datetime import timedelta
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
@@ -32,14 +34,14 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlboost.models import ModelConfig
 from rlboost.rollout.sample import Group
+from rlboost.rollout.step_data import RESERVED
+from rlboost.trainer.errors import TrainerRankError
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.trainer import _StepStats
 
-RESERVED = "reserved"  # the resource of the reserved cluster (`rlboost.hybrid.handles.RESERVED`)
-
-
-class TrainerRankError(RuntimeError):
-    """A trainer rank died or failed; the message names the rank and the step."""
+DEATH_GRACE_S = 10.0
+"""After a rank fails, how long to look for a rank that died: when one dies mid-collective, the others
+fail too (gloo: connection closed), and the death is the cause to name."""
 
 
 class TrainerRank:
@@ -50,6 +52,8 @@ class TrainerRank:
         self.trainer = None
         self.passes = 0
         """Micro-batch passes (real or dummy) run so far: scripted faults count them."""
+        self.fault = os.environ.get("RLBOOST_TEST_KILL_TRAINER_RANK", "")
+        """A scripted fault for tests, "RANK:PASS": that rank SIGKILLs itself as that pass begins."""
         self.captured: list[dict] = []
 
     def rendezvous(self) -> tuple[str, int]:
@@ -84,14 +88,18 @@ class TrainerRank:
         self.trainer = ShardedTrainer(policy, config, mesh=mesh, ref_model=ref, **kwargs)
         return {"rank": self.rank, "pid": os.getpid(), "device": str(device)}
 
+    def script_fault(self, fault: str) -> int:
+        """Set the scripted fault ("RANK:PASS"); returns the passes run so far."""
+        self.fault = fault
+        return self.passes
+
     def begin_step(self) -> None:
         self.trainer.begin_step()
 
     def micro_batch(self, groups: list[Group] | None) -> None:
         self.passes += 1
-        fault = os.environ.get("RLBOOST_TEST_KILL_TRAINER_RANK")  # "rank:pass": a scripted SIGKILL
-        if fault and fault == f"{self.rank}:{self.passes}":
-            os.kill(os.getpid(), 9)
+        if self.fault == f"{self.rank}:{self.passes}":
+            os.kill(os.getpid(), signal.SIGKILL)
         if groups:
             self.trainer.micro_batch(groups)
         else:
@@ -141,8 +149,20 @@ class TrainerRank:
         manifest, peak = publish_gathered(named, version, bucket_mb, gather=full_tensor, keep=self.rank == 0)
         return manifest, peak
 
+    def save_state(self, folder: str) -> None:
+        self.trainer.save_state(Path(folder))
+
+    def load_state(self, folder: str) -> None:
+        self.trainer.load_state(Path(folder))
+
+    def export_hf(self, folder: str) -> None:
+        self.trainer.export_hf(Path(folder))
+
     def scheduler_state(self) -> dict:
-        return self.trainer.scheduler.state_dict()
+        return self.trainer.scheduler_state()
+
+    def load_scheduler_state(self, scheduler_state: dict) -> None:
+        self.trainer.load_scheduler_state(scheduler_state)
 
 
 def placement_bundle(device_type: str, cluster: dict[str, float]) -> dict[str, float]:
@@ -266,6 +286,23 @@ class TrainerGroup:
         self.config.validate()
         self._all(self._each("reconfigure", fields), "reconfiguring")
 
+    # -- checkpoints: `Trainer`'s calls, run by every rank (DCP writes one shard per rank) --
+
+    def save_state(self, folder: Path) -> None:
+        self._all(self._each("save_state", str(folder)), "saving a checkpoint")
+
+    def load_state(self, folder: Path) -> None:
+        self._all(self._each("load_state", str(folder)), "loading a checkpoint")
+
+    def export_hf(self, folder: Path) -> None:
+        self._all(self._each("export_hf", str(folder)), "saving a checkpoint")
+
+    def scheduler_state(self) -> dict:
+        return self._all([(0, self.ranks[0].scheduler_state.remote())], "saving a checkpoint")[0]
+
+    def load_scheduler_state(self, scheduler_state: dict) -> None:
+        self._all(self._each("load_scheduler_state", scheduler_state), "loading a checkpoint")
+
     def capture_grads(self) -> None:
         self._all([r.capture_grads.remote() for r in self.ranks], "training")
 
@@ -289,7 +326,7 @@ class TrainerGroup:
             try:
                 ray.get(done[0])
             except BaseException as e:
-                self._fail(by_ref[done[0]], doing, e)
+                self._fail(by_ref[done[0]], doing, e, [(by_ref[r], r) for r in waiting])
         return ray.get([ref for _, ref in pairs])
 
     def _poll(self, pending: list) -> list:
@@ -302,11 +339,23 @@ class TrainerGroup:
                 try:
                     ray.get(ref)
                 except BaseException as e:
-                    self._fail(rank, "training", e)
+                    self._fail(rank, "training", e, [p for p in pending if p[1] is not ref])
         return [(rank, ref) for rank, ref in pending if ref not in done]
 
-    def _fail(self, rank: int, doing: str, error: BaseException):
+    def _fail(self, rank: int, doing: str, error: BaseException, others: list = ()):
         died = isinstance(error, ray.exceptions.RayActorError)
+        if not died and others:  # a collective with a dead rank fails the live ones: name the dead one
+            refs = [ref for _, ref in others]
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=DEATH_GRACE_S)
+            for other, ref in others:
+                if ref in done:
+                    try:
+                        ray.get(ref)
+                    except ray.exceptions.RayActorError as death:
+                        rank, error, died = other, death, True
+                        break
+                    except BaseException:
+                        pass
         cause = "died" if died else f"failed: {type(error).__name__}: {str(error).strip().splitlines()[-1][:300]}"
         self.broken = f"trainer rank {rank} of {self.world_size} {cause} at step {self.step} ({doing})"
         self.close()  # the others may be blocked in a collective with the dead rank

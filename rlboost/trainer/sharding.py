@@ -29,6 +29,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
 from rlboost.rollout.sample import Group
+from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.logprobs import pad_batch, response_logprobs
 from rlboost.trainer.trainer import Trainer, _StepStats, use_bf16
@@ -161,6 +162,9 @@ class ShardedTrainer(Trainer):
         dist.all_reduce(sums)  # the whole world: replicas of an HSDP mesh hold different groups too
         denominator, stats.pg_numerator, stats.kl_numerator = sums.tolist()
         return denominator
+
+    def export_hf(self, folder) -> None:
+        state.export_hf(self.model, folder, full_tensor, writer=dist.get_rank() == 0)
 
     def weights(self):
         raise RuntimeError("a sharded trainer holds no whole weights; publish them with gathered_buckets")

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
 from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
+from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
 from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
@@ -70,8 +72,9 @@ class Trainer:
     def _place_reference(self, model: PreTrainedModel) -> PreTrainedModel:
         return model.to(self.device).eval().requires_grad_(False)
 
-    def train_step(self, groups: Iterable[Group], num_groups: int) -> dict[str, float]:
-        """Train on `num_groups` groups pulled from `groups`; returns veRL-named actor metrics."""
+    def train_step(self, groups: Iterable[Group], num_groups: int, step: int | None = None) -> dict[str, float]:
+        """Train on `num_groups` groups pulled from `groups`; returns veRL-named actor metrics. `step`
+        (the RL step) is for the sharded trainer's error messages; one process has no rank to name."""
         cfg = self.config
         mini_size = cfg.mini_batch_groups or num_groups
         stats = _StepStats()
@@ -167,6 +170,25 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's parameters by name, for `LLMEngine.load_weights`."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    # -- checkpoints (`rlboost/checkpoint.py`; the same calls on a `TrainerGroup`) --
+
+    def save_state(self, folder: Path) -> None:
+        """Model and optimizer state into `folder` (torch.distributed.checkpoint: loads at any world size)."""
+        state.save_state(self.model, self.optimizer, folder)
+
+    def load_state(self, folder: Path) -> None:
+        state.load_state(self.model, self.optimizer, folder)
+
+    def export_hf(self, folder: Path) -> None:
+        """The policy as an HF checkpoint folder."""
+        self.model.save_pretrained(folder)
+
+    def scheduler_state(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_scheduler_state(self, scheduler_state: dict) -> None:
+        self.scheduler.load_state_dict(scheduler_state)
 
 
 def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
