@@ -14,7 +14,9 @@ HF folder.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,7 +32,8 @@ def save_state(model: PreTrainedModel, optimizer: torch.optim.Optimizer, folder:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder), no_dist=_single())
+    with _one_process_is_intended():
+        dcp.save({MODEL_KEY: model_state, OPTIM_KEY: optim_state}, checkpoint_id=str(folder), no_dist=_single())
 
 
 def load_state(model: PreTrainedModel, optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -40,8 +43,17 @@ def load_state(model: PreTrainedModel, optimizer: torch.optim.Optimizer, folder:
     # the state dicts of this model and optimizer, laid out as this world shards them: DCP fills them
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {MODEL_KEY: model_state, OPTIM_KEY: optim_state}
-    dcp.load(state, checkpoint_id=str(folder), no_dist=_single())
+    with _one_process_is_intended():
+        dcp.load(state, checkpoint_id=str(folder), no_dist=_single())
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
+
+
+@contextmanager
+def _one_process_is_intended():
+    """DCP warns at every world-1 save and load that it assumes one process: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _single() -> bool:
