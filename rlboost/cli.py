@@ -43,6 +43,8 @@ BENCHES: dict[str, tuple[str, str, str]] = {
                     "computing the calibration tables..."),
     "emulation": ("emulation", "simulated vs emulated steps: the simulator against the real control plane",
                   "running the real runtime on emulated engines, then the simulator..."),
+    "trainer": ("trainer", "the trainer at world sizes 1, 2, ...: memory per rank, step time, gradient vs world 1",
+                "benchmarking: world 1 in process, then FSDP2 ranks on Ray..."),
     "control-plane": ("control_plane", "the rollout manager's loop CPU per step at 4 / 16 / 64 emulated instances",
                       "running the real runtime on emulated instances..."),
 }

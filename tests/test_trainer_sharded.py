@@ -7,6 +7,7 @@ torch.distributed gloo group, FSDP2-sharded tiny models. The world-1 reference i
 from __future__ import annotations
 
 import copy
+import json
 import os
 import random
 import time
@@ -18,6 +19,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlboost.checkpoint import load_checkpoint, save_checkpoint
+from rlboost.cli import main
 from rlboost.hybrid.config import RaySecurityConfig
 from rlboost.hybrid.ray_setup import start_local_ray
 from rlboost.hybrid.weights import pull
@@ -37,7 +39,9 @@ STILL = dict(lr=1e-12, weight_decay=0.0, grad_clip=0.0, device="cpu")
 
 @pytest.fixture(scope="module")
 def local_ray():
-    start_local_ray(RaySecurityConfig(), {"reserved": 100}, num_cpus=2)
+    # logical CPUs for two groups of two ranks: a module-scoped group stays up (idle) while a test
+    # starts a group of its own
+    start_local_ray(RaySecurityConfig(), {"reserved": 100}, num_cpus=4)
     try:
         yield
     finally:
@@ -257,3 +261,19 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_bench_trainer_writes_memory_time_and_gradient_per_world_size(local_ray, tmp_path):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "trainer", "--world-sizes", "1,2", "--model", "tiny:qwen2", "--steps", "1",
+                 "--json", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert [r["world_size"] for r in results] == [1, 2]
+    for r in results:
+        assert set(r) == {"world_size", "param_grad_optim_bytes_per_rank", "step_s", "grad_max_rel_diff_vs_world1"}
+        assert r["step_s"] > 0 and r["grad_max_rel_diff_vs_world1"] <= 1e-5
+    one, two = (r["param_grad_optim_bytes_per_rank"] for r in results)
+    params = list(load_model(POLICY).model.parameters())
+    # fp32 weights, gradients and AdamW's two moments, plus its 4-byte step counter per tensor
+    assert one == 16 * sum(p.numel() for p in params) + 4 * len(params)
+    assert two <= 0.55 * one

@@ -111,14 +111,6 @@ class TrainerRank:
     def end_step(self) -> dict:
         return self.trainer.end_step()
 
-    def reconfigure(self, **fields) -> None:
-        """Change config fields read at each step (loss_agg_mode, clip ratios, micro_batch_groups,
-        mini_batch_groups) on the driver and every rank, keeping the ranks and their weights."""
-        for key, value in fields.items():
-            setattr(self.config, key, value)
-        self.config.validate()
-        self._all(self._each("reconfigure", fields), "reconfiguring")
-
     def reconfigure(self, fields: dict) -> None:
         for key, value in fields.items():
             setattr(self.trainer.config, key, value)
@@ -127,7 +119,11 @@ class TrainerRank:
         """From now on keep the full gradient each optimizer step sees (tests; a collective per tensor)."""
         from rlboost.trainer.sharding import full_tensor
 
+        self.capturing = True
+
         def hook(*_):
+            if not self.capturing:
+                return
             grads = {n: full_tensor(p.grad).clone() for n, p in self.trainer.model.named_parameters()}
             if self.rank == 0:
                 self.captured.append(grads)
@@ -138,8 +134,11 @@ class TrainerRank:
         out, self.captured = self.captured, []
         return out
 
+    def stop_capturing(self) -> None:
+        self.capturing = False
+
     def state_bytes(self) -> int:
-        return self.trainer.state_bytes()
+        return self.trainer.step_state_bytes
 
     def publish(self, version: int, bucket_mb: float):
         from rlboost.hybrid.weights import publish_gathered
@@ -309,8 +308,12 @@ class TrainerGroup:
     def take_captured(self) -> list[dict]:
         return self._all([self.ranks[0].take_captured.remote()], "training")[0]
 
+    def stop_capturing(self) -> None:
+        self._all(self._each("stop_capturing"), "training")
+
     def state_bytes(self) -> list[int]:
-        return self._all([r.state_bytes.remote() for r in self.ranks], "training")
+        """Per rank: bytes of parameters, gradients and AdamW state held right after the last step."""
+        return self._all(self._each("state_bytes"), "training")
 
     # -- waiting on ranks --
 

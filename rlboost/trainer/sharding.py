@@ -107,6 +107,9 @@ class ShardedTrainer(Trainer):
         self.share_prompt = False  # one forward per micro-batch on every rank (module docstring)
         self.stats = _StepStats()
         self.denominator = 0.0
+        self.step_state_bytes = 0
+        """`state_bytes()` right after the last optimizer step, gradients still held: the step's peak."""
+        self.optimizer.register_step_post_hook(lambda *_: setattr(self, "step_state_bytes", self.state_bytes()))
 
     def _mixed_precision(self) -> MixedPrecisionPolicy | None:
         if not use_bf16(self.config.dtype, self.device):
