@@ -277,3 +277,24 @@ def test_bench_trainer_writes_memory_time_and_gradient_per_world_size(local_ray,
     # fp32 weights, gradients and AdamW's two moments, plus its 4-byte step counter per tensor
     assert one == 16 * sum(p.numel() for p in params) + 4 * len(params)
     assert two <= 0.55 * one
+
+
+def test_an_hsdp_mesh_gives_the_world_1_gradient_too(local_ray):
+    """trainer.shard_size=1 at world 2: a (replicate=2, shard=1) mesh, each rank a whole replica whose
+    gradients FSDP2 all-reduces across replicas; the update is still world 1's."""
+    groups = make_groups(num_groups=5, n=3, seed=51)
+    want = world1_grads(groups, 0.0, micro_batch_groups=1, mini_batch_groups=2)
+    trainers = TrainerGroup(TrainerConfig(world_size=2, shard_size=1, micro_batch_groups=1, mini_batch_groups=2,
+                                          **STILL), POLICY, **trainer_kwargs())
+    try:
+        trainers.capture_grads()
+        trainers.train_step(copy.deepcopy(groups), len(groups))
+        got = trainers.take_captured()
+        assert len(got) == len(want) == 3
+        for g, w in zip(got, want):
+            assert max_rel_diff(g, w) <= 1e-5
+        per_rank = trainers.state_bytes()
+    finally:
+        trainers.close()
+    params = list(load_model(POLICY).model.parameters())
+    assert per_rank == [16 * sum(p.numel() for p in params) + 4 * len(params)] * 2  # replicas: nothing sharded
