@@ -2,12 +2,16 @@
 
 `<run>/checkpoints/global_step_N/` holds
 - `hf/`: the policy as an HF checkpoint folder (safetensors + config + tokenizer), loadable with
-  `model.path=<that folder>` or transformers directly;
-- `trainer.pt`: optimizer and LR-scheduler state, the torch / numpy / Python RNG states, and the
-  rollout backend's state (HistoSpec's history);
+  `model.path=<that folder>` or transformers directly (written bucket by bucket from the shards at
+  `trainer.world_size` > 1);
+- `dcp/`: model and optimizer state by parameter name, as torch.distributed.checkpoint shards (one
+  per trainer rank): it loads at any world size, so a run saved at 2 ranks resumes at 1 and back;
+- `trainer.pt`: the LR-scheduler state, the torch / numpy / Python RNG states, and the rollout
+  backend's state (HistoSpec's history);
 - `state.json`: the global step, the data loader's position, and anything else the loop keeps.
 A checkpoint is written to a temporary folder and renamed into place, so a run killed while saving
-leaves either the whole checkpoint or none of it.
+leaves either the whole checkpoint or none of it. Checkpoints of earlier versions (optimizer state in
+`trainer.pt`, no `dcp/`) still load at world size 1.
 """
 
 from __future__ import annotations
@@ -18,12 +22,16 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import safetensors.torch
 import torch
 
 from rlboost.trainer import Trainer
+
+if TYPE_CHECKING:
+    from rlboost.trainer.ranks import TrainerGroup
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -32,7 +40,7 @@ def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state: dict,
+def save_checkpoint(run_dir: Path, step: int, trainer: "Trainer | TrainerGroup", tokenizer, state: dict,
                     rollout_state: dict | None = None) -> Path:
     """`state` goes to state.json (small, readable); `rollout_state` (e.g. HistoSpec's history, which
     can be large) is pickled into trainer.pt."""
@@ -41,10 +49,11 @@ def save_checkpoint(run_dir: Path, step: int, trainer: Trainer, tokenizer, state
     final = root / f"global_step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".global_step_{step}.tmp-", dir=root))
     try:
-        trainer.model.save_pretrained(tmp / "hf")
+        trainer.save_state(tmp / "dcp")
+        trainer.export_hf(tmp / "hf")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp / "hf")
-        torch.save({"optimizer": trainer.optimizer.state_dict(), "scheduler": trainer.scheduler.state_dict(),
+        torch.save({"scheduler": trainer.scheduler_state(),
                     "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                             "python": random.getstate()}, "rollout": rollout_state or {}}, tmp / "trainer.pt")
         (tmp / "state.json").write_text(json.dumps({"global_step": step, **state}, indent=2) + "\n")
@@ -65,12 +74,29 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def load_checkpoint(path: Path, trainer: Trainer) -> dict:
+def load_checkpoint(path: Path, trainer: "Trainer | TrainerGroup") -> dict:
     """Restore the trainer and the RNGs from `path`; returns its state.json (step, data position...)
     with the rollout backend's state under `rollout`."""
     path = Path(path)
     if not (path / "state.json").is_file():
         raise FileNotFoundError(f"{path} is not a checkpoint folder (no state.json)")
+    extra = torch.load(path / "trainer.pt", weights_only=False)
+    if (path / "dcp").is_dir():
+        trainer.load_state(path / "dcp")
+        trainer.load_scheduler_state(extra["scheduler"])
+    elif isinstance(trainer, Trainer):
+        _load_unsharded(path, trainer, extra)
+    else:
+        raise ValueError(f"checkpoint {path} predates sharded checkpoints (no dcp/ folder): resume it with "
+                         "trainer.world_size=1; its next checkpoint loads at any world size")
+    torch.set_rng_state(extra["rng"]["torch"])
+    np.random.set_state(extra["rng"]["numpy"])
+    random.setstate(extra["rng"]["python"])
+    return json.loads((path / "state.json").read_text()) | {"rollout": extra.get("rollout", {})}
+
+
+def _load_unsharded(path: Path, trainer: Trainer, extra: dict) -> None:
+    """A checkpoint of an earlier version: weights from hf/, optimizer state from trainer.pt."""
     weights = next((path / "hf").glob("*.safetensors"), None)
     if weights is None:
         raise FileNotFoundError(f"{path}/hf holds no safetensors weights")
@@ -78,13 +104,8 @@ def load_checkpoint(path: Path, trainer: Trainer) -> dict:
     if unexpected or [k for k in missing if not _is_tied(trainer.model, k)]:
         raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}")
-    extra = torch.load(path / "trainer.pt", weights_only=False)
     trainer.optimizer.load_state_dict(extra["optimizer"])
     trainer.scheduler.load_state_dict(extra["scheduler"])
-    torch.set_rng_state(extra["rng"]["torch"])
-    np.random.set_state(extra["rng"]["numpy"])
-    random.setstate(extra["rng"]["python"])
-    return json.loads((path / "state.json").read_text()) | {"rollout": extra.get("rollout", {})}
 
 
 def _is_tied(model, key: str) -> bool:

@@ -45,6 +45,8 @@ BENCHES: dict[str, tuple[str, str, str]] = {
                   "running the real runtime on emulated engines, then the simulator..."),
     "regret": ("regret", "RLBoost vs colocated on the real control plane in a scarce, bursty spot market",
                "running the real runtime on emulated engines: the market, then colocated, in turns..."),
+    "trainer": ("trainer", "the trainer at world sizes 1, 2, ...: memory per rank, step time, gradient vs world 1",
+                "benchmarking: world 1 in process, then FSDP2 ranks on Ray..."),
     "control-plane": ("control_plane", "the rollout manager's loop CPU per step at 4 / 16 / 64 emulated instances",
                       "running the real runtime on emulated instances..."),
 }
@@ -312,13 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError
     from rlboost.rewards import RewardConfigError, RewardFunctionError
+    from rlboost.trainer.errors import TrainerRankError
 
     try:
         return args.func(args)
     except (ConfigError, InvalidRequestError, FileNotFoundError, DatasetError, RewardConfigError) as e:
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 2
-    except RewardFunctionError as e:  # the run stopped; its checkpoints and metrics so far are kept
+    except (RewardFunctionError, TrainerRankError) as e:  # the run stopped; its checkpoints and metrics are kept
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 1
 

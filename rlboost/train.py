@@ -20,6 +20,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -42,6 +43,9 @@ from rlboost.spot import CostMeter
 from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
 
+if TYPE_CHECKING:
+    from rlboost.trainer.ranks import TrainerGroup
+
 RUN_LOG = "run.log"
 
 
@@ -57,7 +61,7 @@ def train(cfg: RLBoostConfig, config_path: str | Path | None = None, console: Co
         try:
             train_loop(cfg, run, stop)
         finally:
-            run.rollout.close()
+            run.close()
     return run.dir  # the tracker wrote the report (tracking.report) when it closed
 
 
@@ -98,7 +102,7 @@ class Run:
     cfg: RLBoostConfig
     dir: Path
     rollout: RolloutBackend
-    trainer: Trainer
+    trainer: Trainer | TrainerGroup
     loader: PromptLoader
     scorer: RewardScorer
     tokenizer: object
@@ -112,6 +116,12 @@ class Run:
     """The step under way (0: the evaluation before the first)."""
     phase: str = "starting"
     """What the loop is doing: rollout, training, publishing weights, testing, saving a checkpoint."""
+    owns_ray: bool = False
+    """Whether this run started the Ray its trainer ranks use (colocated rollout at world_size > 1)."""
+
+    def close(self) -> None:
+        """Trainer ranks first (they live on the rollout's Ray in hybrid mode), then the rollout."""
+        close_all(self.trainer, self.rollout, self.owns_ray)
 
     def status(self) -> str:
         """One line on what the step under way is doing now, for the console (any thread)."""
@@ -143,7 +153,7 @@ class Run:
         stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
         t1 = time.perf_counter()
         self.phase = "training"
-        metrics |= self.trainer.train_step(scored(stream), len(groups))
+        metrics |= self.trainer.train_step(scored(stream), len(groups), step=step)
         train_s = time.perf_counter() - t1 - metrics["timing_s/reward"]
         metrics |= self.rollout.step_metrics(train_s)
         metrics.setdefault("timing_s/gen", t1 - t0)
@@ -151,7 +161,7 @@ class Run:
         metrics.setdefault("timing_s/update_actor", train_s - metrics.get("timing_s/wait_train", 0.0))
         self.phase = "publishing weights"
         with timed(metrics, "update_weights"):
-            self.rollout.publish(self.trainer.weights(), version=step)
+            self.rollout.publish(trainer_weights(self.trainer, self.cfg, step), version=step)
         self.version = step
         metrics |= rollout_metrics(finished)
         metrics["reward/errors"] = float(self.scorer.pop_num_errors())
@@ -202,25 +212,115 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
 
     seed_everything(cfg.run.seed)
     check_context(cfg, cfg.engine.max_model_len or policy.model.config.max_position_embeddings)
-    ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
-    trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
-                      max_response_length=cfg.data.max_response_length,
-                      total_optimizer_steps=cfg.run.total_steps * optimizer_steps_per_step(cfg),
-                      pad_token_id=policy.tokenizer.pad_token_id or 0, ref_model=ref)
+    pad_token_id = policy.tokenizer.pad_token_id or 0
+    total_optimizer_steps = cfg.run.total_steps * optimizer_steps_per_step(cfg)
     loader = PromptLoader(train_set.rows, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
-
     run_dir = run_dir or run_folder(cfg.run, config_path)
-    restored = resume(cfg, run_dir, trainer, loader)
+    if cfg.trainer.world_size > 1:
+        trainer, rollout, restored, owns_ray = sharded_setup(cfg, run_dir, policy, loader, pad_token_id,
+                                                             total_optimizer_steps)
+    else:
+        ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
+        trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
+                          max_response_length=cfg.data.max_response_length,
+                          total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id, ref_model=ref)
+        restored = resume(cfg, run_dir, trainer, loader)
+        rollout, owns_ray = None, False
     start_step = int(restored.get("global_step", 0))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    rollout = make_rollout(cfg, policy.eos_token_ids, trainer.weights(), start_step)
-    rollout.load_state_dict(restored.get("rollout", {}))
+    try:
+        if rollout is None:
+            rollout = make_rollout(cfg, policy.eos_token_ids, trainer_weights(trainer, cfg, start_step), start_step)
+        rollout.load_state_dict(restored.get("rollout", {}))
+    except BaseException:
+        close_all(trainer, rollout, owns_ray)
+        raise
     cost = CostMeter(cfg.cost)
     if "cost" in restored:
         cost.load_state_dict(restored["cost"])
     return Run(cfg, run_dir, rollout, trainer, loader, scorer, policy.tokenizer, train_set, val_set, start_step,
-               version=start_step, cost=cost)
+               version=start_step, cost=cost, owns_ray=owns_ray)
+
+
+def sharded_setup(cfg: RLBoostConfig, run_dir: Path, policy, loader: PromptLoader, pad_token_id: int,
+                  total_optimizer_steps: int):
+    """`trainer.world_size` > 1: the trainer ranks on Ray, restored if resuming, and the rollout.
+    Hybrid rollout starts the run's Ray itself, so it comes first, serving the weights as loaded, and
+    is given the restored version after a resume. Returns (trainer, rollout or None, restored state,
+    whether this run started Ray for the ranks)."""
+    import ray
+
+    from rlboost.trainer.ranks import TrainerGroup
+
+    rollout, owns_ray, trainer = None, False, None
+    try:
+        if cfg.rollout.mode == "hybrid":
+            weights = {name: p.detach() for name, p in policy.model.named_parameters()}
+            rollout = make_rollout(cfg, policy.eos_token_ids, weights, 0)
+            del weights
+        elif not ray.is_initialized():
+            start_trainer_ray(cfg)
+            owns_ray = True
+        try:
+            trainer = TrainerGroup(cfg.trainer, cfg.model, temperature=cfg.rollout.temperature,
+                                   max_response_length=cfg.data.max_response_length,
+                                   total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id,
+                                   ref_model=cfg.model if cfg.trainer.kl_coef > 0 else None)
+        except ValueError as e:  # a world size the cluster cannot place
+            raise ConfigError(str(e)) from e
+        restored = resume(cfg, run_dir, trainer, loader)
+        start_step = int(restored.get("global_step", 0))
+        if rollout is not None and start_step:
+            rollout.publish(trainer_weights(trainer, cfg, start_step), version=start_step)
+        return trainer, rollout, restored, owns_ray
+    except BaseException:
+        close_all(trainer, rollout, owns_ray)
+        raise
+
+
+def start_trainer_ray(cfg: RLBoostConfig) -> None:
+    """The Ray of a colocated run's trainer ranks: the cluster at `rollout.hybrid.ray_address`, or a
+    local one secured like a hybrid run's (`rollout.hybrid.ray`), all of it reserved."""
+    import os
+
+    import ray
+
+    from rlboost.hybrid.ray_setup import route_ray_messages, start_local_ray
+    from rlboost.rollout.step_data import RESERVED
+
+    h = cfg.rollout.hybrid
+    if h.ray_address:
+        route_ray_messages()
+        ray.init(address=h.ray_address, logging_level="ERROR", log_to_driver=False)
+    else:
+        start_local_ray(h.ray, {RESERVED: 10_000}, os.cpu_count() or 1)
+
+
+def trainer_weights(trainer: Trainer | TrainerGroup, cfg: RLBoostConfig, version: int):
+    """What the rollout backend loads as `version`: the state dict at world size 1. From trainer ranks,
+    the version published from their shards into the weight store: its manifest for hybrid rollout
+    (the workers pull it), the pulled tensors for the colocated engine in this process."""
+    if isinstance(trainer, Trainer):
+        return trainer.weights()
+    from rlboost.hybrid.weights import pull
+
+    h = cfg.rollout.hybrid
+    manifest = trainer.publish(version, h.weights.bucket_mb)
+    if cfg.rollout.mode == "hybrid":
+        return manifest
+    return pull(manifest, manifest.fingerprint, h.weights.pull_timeout_s)
+
+
+def close_all(trainer, rollout, owns_ray: bool) -> None:
+    if trainer is not None and not isinstance(trainer, Trainer):
+        trainer.close()
+    if rollout is not None:
+        rollout.close()
+    if owns_ray:
+        import ray
+
+        ray.shutdown()
 
 
 def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int):
@@ -303,7 +403,7 @@ def optimizer_steps_per_step(cfg: RLBoostConfig) -> int:
     return -(-cfg.data.train_batch_size // mini)
 
 
-def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer, loader: PromptLoader) -> dict:
+def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer | TrainerGroup, loader: PromptLoader) -> dict:
     """Restore from a checkpoint as `run.resume` says; returns its state (`global_step`: the last
     completed step; `rollout`: the rollout backend's state), or {} when starting fresh. The tracker
     then drops metrics logged after that step: those steps run again."""
@@ -327,6 +427,23 @@ def validate(cfg: RLBoostConfig) -> None:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    check_local_devices(cfg)
+
+
+def check_local_devices(cfg: RLBoostConfig) -> None:
+    """A local run's trainer ranks need a device each (a GPU on CUDA, a CPU core otherwise): refuse
+    more before anything starts. On a cluster (`rollout.hybrid.ray_address`) Ray's resources decide,
+    checked when the ranks are placed."""
+    t = cfg.trainer
+    if t.world_size == 1 or cfg.rollout.hybrid.ray_address:
+        return
+    import os
+
+    cuda = t.device.startswith("cuda") or (t.device == "auto" and torch.cuda.is_available())
+    have, what = (torch.cuda.device_count(), "GPUs") if cuda else (os.cpu_count() or 1, "CPU cores")
+    if t.world_size > have:
+        raise ConfigError(f"trainer.world_size={t.world_size} needs {t.world_size} {what} (one per rank) but this "
+                          f"machine has {have}")
 
 
 def cost_metrics(meter: CostMeter, metrics: dict[str, float]) -> dict[str, float]:

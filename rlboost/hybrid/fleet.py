@@ -70,10 +70,16 @@ class Fleet:
         else:
             start_local_ray(cfg.ray, {RESERVED: MANY, PREEMPTIBLE: MANY}, os.cpu_count())
 
-    def publish(self, state: dict, version: int) -> WeightManifest:
+    def publish(self, state: dict | WeightManifest, version: int) -> WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved
-        workers load it before this returns, the others pull it in the background."""
-        self.manifest = weight_store.publish(state, version, self.cfg.weights.bucket_mb)
+        workers load it before this returns, the others pull it in the background. A manifest is a
+        version already in the store (published by sharded trainer ranks, bucket by bucket)."""
+        if isinstance(state, WeightManifest):
+            if state.version != version:
+                raise ValueError(f"asked to serve version {version} with the manifest of version {state.version}")
+            self.manifest = state
+        else:
+            self.manifest = weight_store.publish(state, version, self.cfg.weights.bucket_mb)
         self.manager.publish(self.manifest)  # the previous manifest, and its buckets, are freed now
         return self.manifest
 

@@ -38,29 +38,63 @@ class WeightError(RuntimeError):
 def publish(state: Mapping[str, object], version: int, bucket_mb: float = 64.0) -> WeightManifest:
     """Pack, checksum and put one version into Ray's object store (the caller keeps the manifest alive:
     it holds the only references to the buckets)."""
+    manifest, _ = publish_gathered(list(state.items()), version, bucket_mb)
+    return manifest
+
+
+def plan_buckets(named: list[tuple[str, object]], limit: int) -> list[list[tuple[str, object]]]:
+    """`named` in order, cut into buckets of at most `limit` bytes by each tensor's full size (shapes
+    only, nothing is read); a tensor larger than `limit` gets a bucket of its own."""
+    buckets: list[list[tuple[str, object]]] = [[]]
+    size = 0
+    for name, t in named:
+        nbytes = t.numel() * t.element_size()
+        if buckets[-1] and size + nbytes > limit:
+            buckets.append([])
+            size = 0
+        buckets[-1].append((name, t))
+        size += nbytes
+    return [b for b in buckets if b]
+
+
+def publish_gathered(named: list[tuple[str, object]], version: int, bucket_mb: float = 64.0, gather=None,
+                     keep: bool = True) -> tuple[WeightManifest | None, int]:
+    """`publish` for tensors that are materialised one at a time by `gather(t)` (e.g. a sharded
+    parameter's `full_tensor()`, a collective every rank runs in the same order): each is copied into
+    its bucket's array and dropped before the next is gathered, so the extra memory held is one
+    bucket's array plus the tensor being copied (a tensor in a bucket of its own is not copied). With
+    `keep=False` (the ranks other than the one that publishes) every gather runs and nothing is packed
+    or put. Returns (the manifest or None, the peak extra bytes held)."""
     import ray
 
-    limit = int(bucket_mb * 2**20)
-    groups: list[list[tuple[str, object]]] = [[]]
-    size = 0
-    for name, t in state.items():
-        if groups[-1] and size + t.numel() * t.element_size() > limit:
-            groups.append([])
-            size = 0
-        groups[-1].append((name, t))
-        size += t.numel() * t.element_size()
-    buckets = []
-    for group in groups:
+    buckets, peak = [], 0
+    for group in plan_buckets(named, int(bucket_mb * 2**20)):
         slots, offset = [], 0
         for name, t in group:
             nbytes = t.numel() * t.element_size()
             slots.append(TensorSlot(name, str(t.dtype), tuple(t.shape), offset, nbytes))
             offset += nbytes
-        flat = np.empty(offset, dtype=np.uint8)
-        for (name, t), slot in zip(group, slots):
-            flat[slot.offset:slot.offset + slot.nbytes] = _bytes_of(t)
-        buckets.append(Bucket(ray.put(flat), offset, zlib.crc32(flat), slots))
-    return WeightManifest(version, fingerprint(state), version_checksum(b.crc32 for b in buckets), buckets)
+        if len(group) == 1:  # a bucket of one tensor is that tensor's bytes: no second copy
+            full = gather(group[0][1]) if gather is not None else group[0][1]
+            peak = max(peak, offset) if gather is not None else peak
+            flat = _bytes_of(full) if keep else None
+        else:
+            flat = np.empty(offset, dtype=np.uint8) if keep else None
+            for (name, t), slot in zip(group, slots):
+                full = gather(t) if gather is not None else t
+                if gather is not None:  # a gathered tensor is a copy the caller did not hold before
+                    peak = max(peak, (offset if keep else 0) + slot.nbytes)
+                if keep:
+                    flat[slot.offset:slot.offset + slot.nbytes] = _bytes_of(full)
+                del full
+            peak = max(peak, offset if keep else 0)
+        if keep:
+            buckets.append(Bucket(ray.put(flat), offset, zlib.crc32(flat), slots))
+        del flat
+    if not keep:
+        return None, peak
+    manifest = WeightManifest(version, fingerprint(dict(named)), version_checksum(b.crc32 for b in buckets), buckets)
+    return manifest, peak
 
 
 class PulledWeights(Mapping):
@@ -122,4 +156,4 @@ def _bytes_of(t) -> np.ndarray:
 
 
 __all__ = ["Bucket", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest", "WeightsConfig", "fingerprint",
-           "publish", "pull", "version_checksum"]
+           "plan_buckets", "publish", "publish_gathered", "pull", "version_checksum"]

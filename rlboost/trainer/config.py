@@ -16,6 +16,8 @@ class TrainerConfig:
     """AdamW decoupled weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon, added to the root of the second moment before dividing."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this before each optimizer step; 0 disables clipping. A step whose
     gradient norm is not finite is skipped (counted in `actor/skipped_steps`)."""
@@ -53,7 +55,25 @@ class TrainerConfig:
     """Where the policy trains: auto (CUDA when available, else CPU), cpu, cuda, cuda:N."""
     dtype: str = "auto"
     """Compute precision: `auto` is bf16 autocast where the device supports it (CUDA) and fp32 otherwise;
-    `float32` or `bfloat16` force it. Master weights and optimizer state stay fp32."""
+    `float32` or `bfloat16` force it. Master weights and optimizer state stay fp32. At world_size > 1 the
+    same choice is FSDP2's mixed-precision policy (bf16 compute, fp32 gradient reductions)."""
+
+    world_size: int = 1
+    """Trainer ranks. 1: the policy trains in the driver's process, as it always did. N > 1: N ranks run as
+    Ray actors in one placement group on the reserved resources (a GPU each on CUDA, a CPU each
+    otherwise), joined by torch.distributed (NCCL on CUDA, gloo on CPU); the policy, its gradients and
+    AdamW's state are sharded with FSDP2 (`trainer/sharding.py`), streamed groups are dealt to the ranks
+    as they arrive, and every update equals the world-1 update of the same groups. Each micro-batch then
+    runs as one padded batch (`share_prompt` applies at world 1), so every rank launches the same
+    collectives whatever its groups."""
+    shard_size: int = 0
+    """Ranks each parameter is sharded over; 0 means all of them (plain FSDP). A divisor of world_size
+    below it gives HSDP: world_size / shard_size replicas, each sharded shard_size ways (e.g. shard
+    within a node, replicate across nodes)."""
+    collective_timeout_s: float = 600.0
+    """A torch.distributed collective that waits longer than this fails (a rank died or hangs), so a
+    broken rank fails the step instead of hanging it; the driver names the dead rank sooner when Ray
+    reports its death."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -61,6 +81,8 @@ class TrainerConfig:
             raise ValueError(f"trainer.lr must be > 0, got {self.lr}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise ValueError(f"trainer.betas must be two numbers in [0, 1), got {list(self.betas)}")
+        if not self.eps > 0:
+            raise ValueError(f"trainer.eps must be > 0, got {self.eps}")
         if self.grad_clip < 0:
             raise ValueError(f"trainer.grad_clip must be >= 0 (0 disables), got {self.grad_clip}")
         if self.lr_warmup_steps < 0:
@@ -82,3 +104,11 @@ class TrainerConfig:
             raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"trainer.dtype={self.dtype!r}; choose auto, float32 or bfloat16")
+        if self.world_size < 1:
+            raise ValueError(f"trainer.world_size must be >= 1, got {self.world_size}")
+        if self.shard_size < 0 or self.shard_size > self.world_size or (
+                self.shard_size and self.world_size % self.shard_size):
+            raise ValueError(f"trainer.shard_size={self.shard_size} must be 0 (all ranks) or a divisor of "
+                             f"trainer.world_size={self.world_size}: the device mesh is replicas x shard_size")
+        if not self.collective_timeout_s > 0:
+            raise ValueError(f"trainer.collective_timeout_s must be > 0, got {self.collective_timeout_s}")

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from transformers import PreTrainedModel
 
 from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
+from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
 from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
@@ -47,23 +49,32 @@ class Trainer:
         self.config = config
         self.device = resolve_device(config.device, key="trainer.device")
         self.bf16 = use_bf16(config.dtype, self.device)
-        self.model = model.to(self.device, dtype=torch.float32).train()
+        self.share_prompt = config.share_prompt
+        self.model = self._place_policy(model)
         self.ref_model = None
         if config.kl_coef > 0:
             if ref_model is None:
                 raise ValueError("trainer.kl_coef > 0 needs a reference model")
-            self.ref_model = ref_model.to(self.device).eval().requires_grad_(False)
+            self.ref_model = self._place_reference(ref_model)
         self.temperature = temperature
         self.max_response_length = max_response_length
         self.pad_token_id = pad_token_id
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=tuple(config.betas),
-                                           weight_decay=config.weight_decay)
+                                           eps=config.eps, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: lr_factor(i, config, total_optimizer_steps))
 
-    def train_step(self, groups: Iterable[Group], num_groups: int) -> dict[str, float]:
-        """Train on `num_groups` groups pulled from `groups`; returns veRL-named actor metrics."""
+    def _place_policy(self, model: PreTrainedModel) -> PreTrainedModel:
+        """The policy on its device, fp32 master weights, in training mode (sharded on a rank)."""
+        return model.to(self.device, dtype=torch.float32).train()
+
+    def _place_reference(self, model: PreTrainedModel) -> PreTrainedModel:
+        return model.to(self.device).eval().requires_grad_(False)
+
+    def train_step(self, groups: Iterable[Group], num_groups: int, step: int | None = None) -> dict[str, float]:
+        """Train on `num_groups` groups pulled from `groups`; returns veRL-named actor metrics. `step`
+        (the RL step) is for the sharded trainer's error messages; one process has no rank to name."""
         cfg = self.config
         mini_size = cfg.mini_batch_groups or num_groups
         stats = _StepStats()
@@ -129,18 +140,20 @@ class Trainer:
         return denominator
 
     def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
-        if self.config.share_prompt:
+        if self.share_prompt:
             return shared_prompt_logprobs(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
                                           self.temperature, with_entropy, self.pad_token_id, self.device)
         return response_logprobs(model, batch, self.temperature, with_entropy)
 
     def _optimizer_step(self, denominator: float, stats: "_StepStats") -> None:
-        denominator = max(denominator, 1e-8)
+        denominator = max(self._global_sums(denominator, stats), 1e-8)
         for p in self.params:
             if p.grad is not None:
                 p.grad.div_(denominator)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm).item()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
+        # sharded gradients give a replicated DTensor: every rank holds the same global norm
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
@@ -149,9 +162,33 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats.end_mini_batch(denominator, grad_norm)
 
+    def _global_sums(self, denominator: float, stats: "_StepStats") -> float:
+        """The mini-batch's normaliser (and the loss numerators in `stats`) over every rank: here,
+        one rank holds the whole mini-batch. A sharded rank all-reduces them."""
+        return denominator
+
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's parameters by name, for `LLMEngine.load_weights`."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    # -- checkpoints (`rlboost/checkpoint.py`; the same calls on a `TrainerGroup`) --
+
+    def save_state(self, folder: Path) -> None:
+        """Model and optimizer state into `folder` (torch.distributed.checkpoint: loads at any world size)."""
+        state.save_state(self.model, self.optimizer, folder)
+
+    def load_state(self, folder: Path) -> None:
+        state.load_state(self.model, self.optimizer, folder)
+
+    def export_hf(self, folder: Path) -> None:
+        """The policy as an HF checkpoint folder."""
+        self.model.save_pretrained(folder)
+
+    def scheduler_state(self) -> dict:
+        return self.scheduler.state_dict()
+
+    def load_scheduler_state(self, scheduler_state: dict) -> None:
+        self.scheduler.load_state_dict(scheduler_state)
 
 
 def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
@@ -182,6 +219,22 @@ class _StepStats:
         self.kl_losses.append(self.kl_numerator / denominator)
         self.grad_norms.append(grad_norm)
         self.pg_numerator = self.kl_numerator = 0.0
+
+    def totals(self) -> dict:
+        """What a rank hands the driver at the end of a step (plain Python, picklable)."""
+        return dict(vars(self))
+
+    @classmethod
+    def merged(cls, parts: list[dict]) -> "_StepStats":
+        """One step's stats from every rank's `totals()`: sums add up and advantages concatenate; the
+        per-mini-batch losses and gradient norms are global already (all-reduced), hence equal on all."""
+        out = cls()
+        for key in ("tokens", "clipped", "approx_kl", "entropy"):
+            setattr(out, key, sum(p[key] for p in parts))
+        out.advantages = [a for p in parts for a in p["advantages"]]
+        for key in ("pg_losses", "kl_losses", "grad_norms", "skipped"):
+            setattr(out, key, parts[0][key])
+        return out
 
     def metrics(self, lr: float) -> dict[str, float]:
         tokens = max(self.tokens, 1.0)

@@ -1,0 +1,79 @@
+"""`rlboost train` with `trainer.world_size=2`: two FSDP2 ranks on Ray behind colocated and hybrid
+rollout, the world-1 run's metrics, a rank SIGKILLed mid-step and the run resumed, bad world sizes
+refused before any work."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlboost.cli import main
+from test_train import QUIET, SMOKE, metrics_of, run_cli, train
+
+# one padded batch per micro-batch at every world size, so the two runs compute the same sums
+PADDED = ["trainer.share_prompt=false", "trainer.micro_batch_groups=1"]
+COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",
+            "actor/lr", "critic/advantages/mean")
+
+
+def close_to(got: dict, want: dict, keys=COMPARED, rel: float = 1e-4) -> None:
+    for key in keys:
+        assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-6), key
+
+
+def test_colocated_training_at_world_2_is_world_1s(tmp_path):
+    """The same run at world 1 and 2 (same data, seeds, sampled responses): the same metrics step by
+    step, and a sharded checkpoint with one DCP file per rank next to a normal HF folder."""
+    common = [*PADDED, "run.total_steps=3", "run.save_freq=3", "trainer.kl_coef=0.05", *QUIET]
+    one = metrics_of(train(tmp_path, *common, name="one"))
+    run = train(tmp_path, *common, "trainer.world_size=2", name="two")
+    two = metrics_of(run)
+    assert sorted(two) == sorted(one) == [1, 2, 3]
+    for step in (1, 2, 3):
+        close_to(two[step], one[step], keys=COMPARED + ("actor/kl_loss",))
+    ckpt = run / "checkpoints" / "global_step_3"
+    assert sorted(p.name for p in (ckpt / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert (ckpt / "hf" / "model.safetensors").is_file() and (ckpt / "hf" / "config.json").is_file()
+
+
+def test_hybrid_training_at_world_2(tmp_path):
+    """Hybrid rollout (1 reserved, 1 preemptible worker) with the ranks on the same Ray: the workers
+    serve each version the ranks publish from their shards (the on-policy check passes every step),
+    and step 1 samples and trains exactly as colocated world 1."""
+    common = [*PADDED, "run.total_steps=2", "run.save_freq=0", *QUIET]
+    colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
+    m = metrics_of(train(tmp_path, *common, "trainer.world_size=2", "rollout.mode=hybrid",
+                         "rollout.hybrid.num_preemptible=1", "rollout.hybrid.seed_window_s=0.05", name="hybrid"))
+    assert sorted(m) == [1, 2]
+    close_to(m[1], colocated[1])
+    assert m[2]["actor/optimizer_steps"] == 1 and "spot/instances" in m[2]
+
+
+def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, monkeypatch):
+    """Rank 1 SIGKILLs itself at the first micro-batch pass of step 3 (4 groups per step dealt to 2
+    ranks: 2 passes a step, so its 5th pass). The run stops with an error naming rank 1 and step 3,
+    keeps checkpoint 2 and metrics up to step 2; `run.resume=auto` then finishes with the uninterrupted
+    run's metrics."""
+    common = [*PADDED, "run.total_steps=4", "run.save_freq=2", "run.test_freq=2", "trainer.world_size=2", *QUIET]
+    killed = tmp_path / "killed"
+    monkeypatch.setenv("RLBOOST_TEST_KILL_TRAINER_RANK", "1:5")  # inherited by the Ray the run starts
+    code, out = run_cli(tmp_path, *common, f"run.output_dir={killed}")
+    monkeypatch.delenv("RLBOOST_TEST_KILL_TRAINER_RANK")
+    flat = " ".join(out.split())
+    assert code == 1 and "Traceback" not in out, out
+    assert "trainer rank 1 of 2 died at step 3 (training)" in flat, out
+    assert sorted(metrics_of(killed)) == [1, 2]
+
+    assert main(["train", SMOKE, f"run.output_dir={killed}", *common]) == 0  # run.resume=auto
+    uninterrupted = metrics_of(train(tmp_path, *common, name="uninterrupted"))
+    got = metrics_of(killed)
+    assert sorted(got) == sorted(uninterrupted) == [1, 2, 3, 4]
+    for step in (3, 4):
+        close_to(got[step], uninterrupted[step], rel=1e-5)
+
+
+def test_a_world_size_the_machine_cannot_hold_is_refused_before_any_work(tmp_path):
+    for args, message in [(["trainer.world_size=64"], "trainer.world_size=64 needs 64 CPU cores (one per rank)"),
+                          (["trainer.world_size=4", "trainer.shard_size=3"], "trainer.shard_size=3 must be 0")]:
+        code, out = run_cli(tmp_path, *args)
+        assert code == 2 and message in " ".join(out.split()) and "Traceback" not in out, out
+        assert not (tmp_path / "r" / "metrics.jsonl").exists()
