@@ -92,7 +92,7 @@ def test_the_simulate_table_in_markdown_holds_every_model_and_policy():
     text = table_markdown(render(result))
     rows = table_rows(text)
     assert cells_of(rows[0]) == ["model", "segment", "policy", "tokens/s", "vs verl", "tokens/$", "vs verl",
-                                 "instances", "preemptions", "paper"]
+                                 "worst step", "instances", "preemptions", "paper"]
     assert len({row.count("|") for row in rows}) == 1
     assert {cells_of(row)[2] for row in rows[2:]} == {"verl", "rlboost", "rlboost-nomemory"}
     assert all(cells_of(row)[0] == "qwen3-8b" for row in rows[2:])
@@ -103,7 +103,8 @@ def test_rlboost_simulate_off_a_terminal_prints_whole_columns(tmp_path, capsys):
     assert main(["simulate", "--models", "qwen3-8b", "--segments", "A", "--plots", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "…" not in out and "\x1b" not in out
-    assert "simulated runs (2-hour trace segments), relative to veRL on the same model and segment" in out
-    assert "| model | segment | policy | tokens/s | vs verl | tokens/$ | vs verl | instances | preemptions | paper |" in out
+    assert "simulated runs, relative to veRL (colocated) on the same model and trace window" in out
+    assert ("| model | segment | policy | tokens/s | vs verl | tokens/$ | vs verl | worst step | instances "
+            "| preemptions | paper |") in out
     assert "| qwen3-8b | avg | rlboost-nomemory |" in out
     assert f"wrote {tmp_path / 'relative.png'}" in out
