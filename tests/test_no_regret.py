@@ -285,3 +285,19 @@ def test_no_instance_is_requested_where_the_market_kills_them_before_they_serve(
     calm = OffloadController(OffloadConfig(preemption_risk=False), 5.0, 2)
     calm.update(timings(preemptions=3, instance_s=30.0, provision_s=10.0))
     assert calm.instance_cap() != 0
+
+
+@pytest.mark.parametrize("model", ["qwen3-8b", "qwen3-14b", "qwen3-32b"])
+def test_the_papers_segments_lose_nothing_to_the_no_regret_rules(model):
+    # against the paper's controller on the same segment, run side by side: where instances are many
+    # the hand-off always pays and no count is judged against a colocated run never made
+    from dataclasses import replace
+
+    from rlboost.sim.simulator import _sim_offload
+
+    paper = replace(_sim_offload(), gate_handoff=False, preemption_risk=False, objective="throughput")
+    for segment in "ABC":
+        ours = simulate(SimConfig(model=model, segment=segment))
+        theirs = simulate(SimConfig(model=model, segment=segment, offload=paper))
+        assert ours.throughput_tokens_per_s >= 0.99 * theirs.throughput_tokens_per_s, segment
+        assert ours.tokens_per_usd >= 0.99 * theirs.tokens_per_usd, segment
