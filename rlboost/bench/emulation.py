@@ -452,6 +452,7 @@ def sim_config(cfg: CheckConfig, startup_s: float, trace_csv: str = ""):
 
     emu = cfg.emulation()
     tp = emu.profiles()[0].tp
+    reserved_usd_per_s, instance_usd_per_s = cfg.prices()  # per wall second; the simulator's are per modelled one
     if cfg.provider == "fixed":
         trace = TraceConfig(path=trace_csv, sample=1.0, time_scale=1.0, seed=cfg.seed)
     else:
@@ -462,8 +463,8 @@ def sim_config(cfg: CheckConfig, startup_s: float, trace_csv: str = ""):
         trace_gpus_per_instance=tp,  # the runtime's replay counts a trace row as one of its instances
         stream_interval=cfg.stream_interval, max_pending=cfg.max_pending, offload=cfg.offload_config(),
         initial_seed_s=cfg.seed_window_s, workload=emu.lengths(), seed=cfg.seed, duration_s=1.0,
-        cost=CostConfig(reserved_usd_per_hour=cfg.prices()[0] * 3600 * cfg.time_scale,
-                        instance_usd_per_hour={"spot-2xH100": cfg.prices()[1] * 3600 * cfg.time_scale}),
+        cost=CostConfig(reserved_usd_per_hour=reserved_usd_per_s * 3600 * cfg.time_scale,
+                        instance_usd_per_hour={"spot-2xH100": instance_usd_per_s * 3600 * cfg.time_scale}),
         profile=replace(ProfileConfig(), max_num_seqs=cfg.max_num_seqs, reserved_gbps=FAST_GBPS,
                         spot_gbps=2 * FAST_GBPS))
 

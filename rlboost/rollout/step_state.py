@@ -370,12 +370,8 @@ class StepState:
         less those generated, received or not."""
         reserved = sum(1 for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerStatus.SERVING)
         instances = sum(1 for w in self.eligible() if w.kind == PREEMPTIBLE)
-        held = sum(track.tokens for track in self.tracked.values())
-        for w in self.workers.values():
-            if w.alive and w.assigned and self.progress is not None:
-                progress = self.progress(w.name)
-                held += sum(max(0, progress.get(self.tracked[uid].request_id, 0)
-                                - (self.tracked[uid].tokens - self.tracked[uid].base)) for uid in w.assigned)
+        held = sum(track.tokens for track in self.tracked.values() if track.worker is None)
+        held += sum(sum(self._tokens_so_far(w).values()) for w in self.workers.values() if w.assigned)
         rest = len(self.tracked) * self.outlook.tokens_per_sample - held
         return workers_should_hand_off(rest, reserved, instances, self.outlook)
 
