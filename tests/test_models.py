@@ -1,9 +1,12 @@
 """Model loading: tiny families built in code, HF checkpoint folders, the bundled SmolLM2 GGUF."""
 
+import json
 import shutil
 
 import pytest
 import torch
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
 
 from rlboost.models import ModelConfig, load_model, tiny_model
 from rlboost.models.loading import bundled_gguf_path, bundled_smollm2_folder
@@ -70,4 +73,24 @@ def test_gguf_conversion_is_faithful(tmp_path, monkeypatch, smollm2):
     assert all(torch.equal(v, converted[k]) for k, v in direct.model.state_dict().items())
     folder = bundled_smollm2_folder()  # a fresh cache: converts now
     assert (folder / "model.safetensors").is_file() and str(folder).startswith(str(tmp_path))
+    assert_standard_hf_folder(folder, direct.model)
     shutil.rmtree(tmp_path / "cache")
+
+
+def assert_standard_hf_folder(folder, reference):
+    """What loaders other than transformers need (vLLM picks its model class from `architectures` and
+    reads each weight by its own name): the class is named and every weight name is stored, tied
+    ones included, with the reference's values."""
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    assert "quantization_config" not in config
+    with safe_open(folder / "model.safetensors", "pt") as f:
+        stored = {name: f.get_tensor(name) for name in f.keys()}
+    expected = reference.state_dict()
+    assert set(stored) == set(expected), "every name of the state dict, lm_head.weight and embed_tokens both"
+    assert all(torch.equal(stored[k], v) for k, v in expected.items())
+    # a loader that does not tie weights itself (tie_word_embeddings off) still gets the same model
+    untied = AutoModelForCausalLM.from_pretrained(folder, tie_word_embeddings=False).eval()
+    ids = torch.tensor([[1, 504, 3500, 28, 253]])
+    with torch.no_grad():
+        assert torch.allclose(untied(ids).logits, reference(ids).logits, atol=1e-5)

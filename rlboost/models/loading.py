@@ -136,11 +136,33 @@ def bundled_gguf_path() -> Path:
     return path
 
 
+FOLDER_FORMAT = "hf2"
+"""Version of what `bundled_smollm2_folder` writes. hf2: `architectures` in config.json and both names of
+tied weights in the safetensors (hf1, unnamed, had neither: vLLM loaded it without an error and emitted
+token 0 at a constant log-prob)."""
+
+
+def write_standard_folder(model: PreTrainedModel, folder: Path) -> None:
+    """Write `model`'s config and weights as a standard HF folder that any HF-compatible loader (vLLM,
+    TGI, llama.cpp's converter) reads correctly, not only transformers:
+    - config.json names the model class in `architectures`: loaders that do not infer the class from
+      `model_type` pick their implementation from it;
+    - every weight name of the state dict is stored, tied ones too (`lm_head.weight` and
+      `model.embed_tokens.weight` both): `safetensors.torch.save_model` keeps one name of a shared
+      tensor, and a loader that reads only the other name starts that layer from garbage."""
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    # safetensors refuses tensors that share storage; a copy per name is what an HF hub folder holds
+    state = {name: t.detach().contiguous().clone() for name, t in model.state_dict().items()}
+    safetensors.torch.save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
 def bundled_smollm2_folder() -> Path:
     """An HF safetensors folder of the bundled SmolLM2, converted from its GGUF on first use."""
     gguf = bundled_gguf_path()
     stat = gguf.stat()
-    key = f"SmolLM2-135M-Instruct-{stat.st_size}-tf{transformers.__version__}"
+    # `FOLDER_FORMAT` is part of the key: a folder written by an older converter is never reused.
+    key = f"SmolLM2-135M-Instruct-{stat.st_size}-tf{transformers.__version__}-{FOLDER_FORMAT}"
     folder = cache_dir() / "models" / key
     if (folder / "config.json").is_file():
         return folder
@@ -153,8 +175,7 @@ def bundled_smollm2_folder() -> Path:
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
     try:
-        model.config.save_pretrained(tmp)
-        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        write_standard_folder(model, tmp)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         try:
