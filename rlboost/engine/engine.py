@@ -22,7 +22,6 @@ Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.prot
 from __future__ import annotations
 
 import itertools
-import operator
 import time
 from collections.abc import Iterable, Mapping, Sequence as SequenceABC
 
@@ -32,8 +31,8 @@ from transformers import PreTrainedModel
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
-from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_weights,
-                                     weights_fingerprint)
+from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_request,
+                                     check_weights, weights_fingerprint)
 from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
@@ -63,6 +62,9 @@ def resolve_device(name: str, key: str = "engine.device") -> torch.device:
 
 class LLMEngine:
     """Takes ownership of `model` (moved to the device, projections fused in place)."""
+
+    exact_continuation = True
+    """Token t's draw depends only on (seed, t): a resumed request continues exactly."""
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None,
                  eos_token_ids: Iterable[int] = (), weight_version: int = 0, drafter: Drafter | None = None):
@@ -110,24 +112,7 @@ class LLMEngine:
             raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
         if request_id in self._active:
             raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
-        try:
-            params.validate()
-        except ValueError as e:
-            raise InvalidRequestError(f"{where}: invalid sampling params: {e}") from None
-        try:
-            tokens = [operator.index(t) for t in prompt_token_ids]
-        except TypeError:
-            raise InvalidRequestError(f"{where}: prompt_token_ids must be integers") from None
-        if not tokens:
-            raise InvalidRequestError(f"{where}: empty prompt")
-        for i, t in enumerate(tokens):
-            if not 0 <= t < self.vocab_size:
-                raise InvalidRequestError(
-                    f"{where}: token id {t} at prompt position {i} is outside the vocabulary [0, {self.vocab_size})")
-        if len(tokens) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"{where}: prompt has {len(tokens)} tokens but the context is {self.max_model_len} "
-                f"(engine.max_model_len), leaving no room to generate")
+        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
         stops = set(params.stop_token_ids or ())
         if not params.ignore_eos:

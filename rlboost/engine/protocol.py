@@ -29,11 +29,15 @@ The calls and what they promise:
   verify drafts ignores it. `spec_stats`: the speculation counters (`SpecStats`), reset by the caller.
 - `fingerprint`: names, shapes and dtypes of the weights it serves (`weights_fingerprint`): a worker
   whose fingerprint differs from the run's is refused.
+- `exact_continuation`: whether a sampled request resumed as prompt + partial tokens with the same seed
+  continues exactly (rlboost's engine, the emulated one) or only validly (vLLM on CPU): invariant 3
+  holds either way; the manager never needs more.
 """
 
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -68,6 +72,32 @@ def check_weights(params: Mapping[str, object], aliases: Iterable[str], state: M
 
 class InvalidRequestError(ValueError):
     """A request was rejected at `add`; the message names it and what was wrong."""
+
+
+def check_request(request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
+                  max_model_len: int) -> list[int]:
+    """The prompt as a list of ints, or InvalidRequestError naming the request and what was wrong: the
+    checks every backend makes at `add`, so a bad request reads the same whichever engine got it."""
+    where = f"request {request_id!r}"
+    try:
+        params.validate()
+    except ValueError as e:
+        raise InvalidRequestError(f"{where}: invalid sampling params: {e}") from None
+    try:
+        tokens = [operator.index(t) for t in prompt_token_ids]
+    except TypeError:
+        raise InvalidRequestError(f"{where}: prompt_token_ids must be integers") from None
+    if not tokens:
+        raise InvalidRequestError(f"{where}: empty prompt")
+    for i, t in enumerate(tokens):
+        if not 0 <= t < vocab_size:
+            raise InvalidRequestError(
+                f"{where}: token id {t} at prompt position {i} is outside the vocabulary [0, {vocab_size})")
+    if len(tokens) >= max_model_len:
+        raise InvalidRequestError(
+            f"{where}: prompt has {len(tokens)} tokens but the context is {max_model_len} "
+            f"(engine.max_model_len), leaving no room to generate")
+    return tokens
 
 
 class EngineStateError(RuntimeError):
@@ -123,6 +153,11 @@ class EngineBackend(Protocol):
     last_step: tuple[int, bool]
     last_decode_steps: int
     fingerprint: str
+    exact_continuation: bool
+    """Whether prompt + partial tokens resubmitted with the same seed continue exactly as the
+    uninterrupted request would have, sampled too (greedy continuation is exact on every backend that
+    computes the same logits). False: the continuation is a fresh valid sample (right prefix, budget,
+    aligned log-probs)."""
 
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
             prompt_len: int | None = None) -> int: ...
@@ -141,4 +176,4 @@ class EngineBackend(Protocol):
 
 
 __all__ = ["Drafter", "EngineBackend", "EngineLimits", "EngineStateError", "InvalidRequestError", "SpecStats",
-           "check_weights", "weights_fingerprint"]
+           "check_request", "check_weights", "weights_fingerprint"]

@@ -60,15 +60,21 @@ class WorkerSpec:
     middle of one. 0 outside tests."""
     engine_factory: Callable[[WorkerSpec], EngineBackend] | None = None
     """Builds the engine in the worker's process (a module-level callable or a picklable object).
-    None: `rlboost_engine`, rlboost's own engine on the model's skeleton."""
+    None: `rlboost_engine`, the engine `engine.backend` names (rlboost's own, or vLLM)."""
     report_delay_s: float = 0.0
     """How long a report holding only finished requests' last chunks may wait for the next report
     (rollout.hybrid.report_delay_s): fewer reports for the manager to handle, at no risk of waste."""
 
 
 def rlboost_engine(spec: WorkerSpec) -> EngineBackend:
-    """The default engine: `LLMEngine` on the architecture of `spec.model`, without trained weights
-    (version -1) until the first pull."""
+    """The default engine, chosen by `spec.engine.backend`: rlboost's `LLMEngine` on the architecture of
+    `spec.model`, or vLLM (`rlboost.engine.vllm_backend`) on the model's HF folder; either serves no
+    trained weights (version -1) until the first pull."""
+    if spec.engine.backend == "vllm":
+        from rlboost.engine.vllm_backend import vllm_engine_for
+
+        return vllm_engine_for(spec.model, spec.engine, spec.eos_token_ids, weight_version=-1,
+                               num_threads=spec.num_threads)
     import torch
 
     from rlboost.engine.engine import LLMEngine

@@ -186,3 +186,35 @@ def bundled_smollm2_folder() -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder
+
+
+def model_folder(config: ModelConfig) -> Path:
+    """A standard HF folder holding `config`'s model, for engines that load checkpoints themselves (vLLM):
+    the bundled SmolLM2's converted folder, a `tiny:*` model written once under the cache directory
+    (same seed, same weights as `load_model`), or the folder `config.path` names. A GGUF file is refused:
+    transformers reads it, other loaders may not read it the same way."""
+    path = config.path
+    if path == BUNDLED_NAME:
+        return bundled_smollm2_folder()
+    if path.startswith("tiny:"):
+        key = f"{path.replace(':', '-')}-seed{config.seed}-{config.dtype}-tf{transformers.__version__}-{FOLDER_FORMAT}"
+        folder = cache_dir() / "models" / key
+        if (folder / "config.json").is_file():
+            return folder
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
+        try:
+            write_standard_folder(load_model(config).model, tmp)
+            try:
+                tmp.rename(folder)  # atomic, as for the bundled model
+            except OSError:
+                if not (folder / "config.json").is_file():
+                    raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return folder
+    p = Path(path).expanduser()
+    if p.is_dir() and not config.gguf_file and (p / "config.json").is_file():
+        return p
+    raise ValueError(f"model.path={path!r}: this engine needs an HF checkpoint folder (config.json + safetensors), "
+                     f"`{BUNDLED_NAME}` or `tiny:<family>`, not a GGUF file")

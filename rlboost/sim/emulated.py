@@ -235,6 +235,9 @@ class EmulatedEngine:
     which model's weights it takes. `clock`/`sleep`: the wall clock and how to wait (tests pass a fake
     pair)."""
 
+    exact_continuation = True
+    """Content is a pure function of (seed, position): a resumed request ends as the uninterrupted one."""
+
     def __init__(self, config: EmulationConfig, eos_token_ids: Iterable[int] = (), weight_version: int = 0,
                  model=None, fingerprint: str = "", clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):

