@@ -56,9 +56,9 @@ def prompts() -> list[tuple[int, list[int], Row]]:
     return [(i, [3 + i, 40 + 2 * i, 7, 90 - i, 11], Row()) for i in range(NUM_PROMPTS)]
 
 
-def reference() -> dict[str, tuple[list[int], list[float]]]:
+def reference(model: ModelConfig = MODEL) -> dict[str, tuple[list[int], list[float]]]:
     """Greedy outputs of the workload from one in-process engine: what every hybrid run must match."""
-    engine = LLMEngine(load_model(MODEL).model, ENGINE)
+    engine = LLMEngine(load_model(model).model, ENGINE)
     out = {}
     for g in new_groups(1, prompts(), N, run_seed=0):
         done = engine.generate([s.prompt_ids for s in g.samples], GREEDY)
@@ -66,9 +66,9 @@ def reference() -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
-def weights() -> dict:
+def weights(model: ModelConfig = MODEL) -> dict:
     """The reference model's parameters: what the trainer would publish."""
-    return {name: p.detach() for name, p in load_model(MODEL).model.named_parameters()}
+    return {name: p.detach() for name, p in load_model(model).model.named_parameters()}
 
 
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[Fleet, dict]:
@@ -81,7 +81,7 @@ def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = N
                                **(spec_overrides or {}))
     fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
     try:
-        state = weights()
+        state = weights(spec.model)
         fleet.publish(state, version=0)
         fleet.start(RESERVED, 1)
         fleet.start(PREEMPTIBLE, num_preemptible)

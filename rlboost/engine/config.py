@@ -58,8 +58,8 @@ class EngineConfig:
     """vLLM only, on CUDA: share of the GPU's memory the instance may take (weights + KV cache). Lower it
     when the trainer shares the GPU."""
 
-    vllm_cpu_kv_cache_gib: float = 1.0
-    """vLLM only, on a CPU: GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`). vLLM's own default reserves
+    vllm_cpu_kv_cache_gib: int = 1
+    """vLLM only, on a CPU: whole GiB of KV cache (`VLLM_CPU_KVCACHE_SPACE`, an integer). vLLM's own default reserves
     most of the RAM and fails to start on a small machine."""
 
     vllm_enforce_eager: bool = True
@@ -75,8 +75,8 @@ class EngineConfig:
         if not 0 < self.vllm_gpu_memory_utilization <= 1:
             raise ValueError("engine.vllm_gpu_memory_utilization must be in (0, 1], "
                              f"got {self.vllm_gpu_memory_utilization}")
-        if self.vllm_cpu_kv_cache_gib <= 0:
-            raise ValueError(f"engine.vllm_cpu_kv_cache_gib must be > 0, got {self.vllm_cpu_kv_cache_gib}")
+        if not isinstance(self.vllm_cpu_kv_cache_gib, int) or self.vllm_cpu_kv_cache_gib < 1:
+            raise ValueError(f"engine.vllm_cpu_kv_cache_gib must be an integer >= 1, got {self.vllm_cpu_kv_cache_gib!r}")
         if self.max_num_seqs < 1:
             raise ValueError(f"engine.max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.stream_interval < 1:

@@ -64,7 +64,7 @@ def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
     # measured on a 2-core machine: one unpinned thread was several times faster than vLLM's pinning
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{config.vllm_cpu_kv_cache_gib:g}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.vllm_cpu_kv_cache_gib))
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
 
 
