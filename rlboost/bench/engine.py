@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 from rich.table import Table
@@ -45,6 +45,12 @@ class EngineBenchConfig:
     """On CPU, also time the engine with engine.cpu_linear=torch (F.linear) against the default oneDNN."""
     seed: int = 0
     """Seed of the random prompts."""
+    backends: list[str] = field(default_factory=list)
+    """Compare engine backends side by side instead (`rlboost`, `vllm`, `hf`, comma-separated; vLLM must be
+    installed): decode tokens/s at each of `batches`, start-up and weight-swap time (rlboost.bench.backends).
+    Empty: the engine against HF generate and the roofline at `batch`."""
+    batches: list[int] = field(default_factory=lambda: [1, 8, 32])
+    """Batch sizes of the `backends` comparison."""
 
 
 class _EngineRun:
@@ -104,6 +110,10 @@ class _HFRun:
 
 
 def bench_engine(cfg: EngineBenchConfig) -> dict:
+    if cfg.backends:
+        from rlboost.bench.backends import bench_backends
+
+        return bench_backends(cfg)
     device = resolve_device(cfg.device)
     probe = load_model(ModelConfig(path=cfg.model, dtype=cfg.dtype))
     params = list(probe.model.parameters())  # tied weights counted once
@@ -180,6 +190,10 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
 
 
 def render(result: dict) -> Table:
+    if "backends" in result:
+        from rlboost.bench import backends
+
+        return backends.render(result)
     table = Table(title=f"rlboost bench engine: {result['model']}, {result['dtype']}, batch {result['batch']}, "
                         f"{result['prompt_len']} prompt + {result['new_tokens']} new tokens, {result['device']}, "
                         f"median of {result['repeats']} interleaved rounds")

@@ -1,0 +1,176 @@
+"""`rlboost bench engine --backends rlboost,vllm,hf`: engine backends side by side, in one run.
+
+Every backend decodes the same greedy batches (the same random prompts, EOS ignored) at each batch
+size; the backends take turns within every round so a machine's drift hits them alike, and the report
+gives medians. Per backend: decode tokens/s at each batch (prefill timed apart: until every request
+has its first token), the ratio to the first backend named, whether its greedy tokens equal HF's,
+its start-up time (building the engine from the checkpoint, imports included: what a joining worker
+pays) and its weight-swap time (an in-place reload of the full state dict, as a pull does).
+
+Backends: `rlboost` (rlboost's engine), `vllm` (`rlboost.engine.vllm_backend`; needs vLLM installed),
+`hf` (HF transformers `generate`; its "swap" is `load_state_dict`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+from rich.table import Table
+
+from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.engine.engine import resolve_device
+from rlboost.models import ModelConfig, load_model
+
+BACKENDS = ("rlboost", "vllm", "hf")
+
+
+class _Backend:
+    """Decode a batch with a streaming engine: (tokens per request, prefill s, decode s)."""
+
+    engine = None
+
+    def run(self, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, float]:
+        engine = self.engine
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        for i, prompt in enumerate(prompts):
+            engine.add(f"bench-{i}", prompt, params)
+        outputs: list[list[int]] = [[] for _ in prompts]
+
+        def run_until(done) -> float:
+            start = time.perf_counter()
+            while not done():
+                for chunk in engine.step():
+                    outputs[int(chunk.request_id.removeprefix("bench-"))] += chunk.token_ids
+            return time.perf_counter() - start
+
+        # prefill: until every request has its first token (vLLM may split a prefill over steps)
+        prefill_s = run_until(lambda: all(n >= 1 for n in engine.progress().values()))
+        decode_s = run_until(lambda: not engine.has_unfinished())
+        return outputs, prefill_s, decode_s
+
+    def swap(self, state: dict, version: int) -> float:
+        start = time.perf_counter()
+        self.engine.load_weights(state, version)
+        return time.perf_counter() - start
+
+
+class _Rlboost(_Backend):
+    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
+        self.engine = LLMEngine(load_model(model).model, EngineConfig(
+            device=str(device), max_num_seqs=max_batch, max_model_len=max_len,
+            max_num_batched_tokens=max(4096, max_batch * max_len)))
+
+
+class _Vllm(_Backend):
+    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
+        from rlboost.engine.vllm_backend import vllm_engine_for
+
+        self.engine = vllm_engine_for(model, EngineConfig(backend="vllm", device=str(device), max_num_seqs=max_batch,
+                                                          max_model_len=max_len), num_threads=torch.get_num_threads())
+
+
+class _HF(_Backend):
+    """HF generate; decode time = full run - a max_new_tokens=1 run."""
+
+    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
+        self.model = load_model(model).model.to(device)
+        self.device = device
+
+    def _generate(self, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                      do_sample=False, eos_token_id=None, pad_token_id=0)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return out, time.perf_counter() - start
+
+    def run(self, prompts, new_tokens):
+        ids = torch.tensor(prompts, device=self.device)
+        _, prefill_s = self._generate(ids, 1)
+        out, total_s = self._generate(ids, new_tokens)
+        return out[:, ids.shape[1]:].tolist(), prefill_s, max(total_s - prefill_s, 1e-9)
+
+    def swap(self, state, version):
+        start = time.perf_counter()
+        with torch.no_grad():
+            self.model.load_state_dict(state, strict=False)
+        return time.perf_counter() - start
+
+
+_RUNNERS = {"rlboost": _Rlboost, "vllm": _Vllm, "hf": _HF}
+
+
+def bench_backends(cfg) -> dict:
+    """`cfg`: an `EngineBenchConfig` whose `backends` is not empty."""
+    unknown = [b for b in cfg.backends if b not in BACKENDS]
+    if unknown:
+        raise ValueError(f"--backends: unknown {unknown}; choose from {', '.join(BACKENDS)}")
+    device = resolve_device(cfg.device)
+    model = ModelConfig(path=cfg.model, dtype=cfg.dtype)
+    reference = load_model(model).model
+    state = {name: p.detach().clone() for name, p in reference.named_parameters()}
+    g = torch.Generator().manual_seed(cfg.seed)
+    max_batch = max(cfg.batches)
+    prompts = torch.randint(0, reference.config.vocab_size, (max_batch, cfg.prompt_len), generator=g).tolist()
+    del reference
+    max_len = cfg.prompt_len + cfg.new_tokens + 8
+
+    runners, startup_s = {}, {}
+    for name in cfg.backends:
+        start = time.perf_counter()
+        runners[name] = _RUNNERS[name](model, device, max_batch, max_len)
+        runners[name].run(prompts[:1], 3)  # warm-up
+        startup_s[name] = time.perf_counter() - start
+
+    samples = {name: {str(b): [] for b in cfg.batches} for name in cfg.backends}
+    outputs: dict[str, dict[str, list]] = {name: {} for name in cfg.backends}
+    for _ in range(cfg.repeats):
+        for batch in cfg.batches:
+            for name, runner in runners.items():
+                outputs[name][str(batch)], _, decode_s = runner.run(prompts[:batch], cfg.new_tokens)
+                samples[name][str(batch)].append(decode_s)
+    swap_s = {name: statistics.median(runner.swap(state, version=v + 1) for v in range(cfg.repeats))
+              for name, runner in runners.items()}
+
+    rates = {name: {str(b): b * (cfg.new_tokens - 1) / statistics.median(samples[name][str(b)]) for b in cfg.batches}
+             for name in cfg.backends}
+    first = cfg.backends[0]
+    result = {
+        "model": cfg.model, "device": str(device), "dtype": cfg.dtype, "prompt_len": cfg.prompt_len,
+        "new_tokens": cfg.new_tokens, "batches": list(cfg.batches), "backends": list(cfg.backends),
+        "repeats": cfg.repeats, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "decode_tokens_per_s": rates,
+        f"decode_vs_{first}": {n: {b: rates[n][b] / rates[first][b] for b in rates[n]} for n in cfg.backends},
+        "startup_s": startup_s, "weight_swap_s": swap_s,
+        "samples_decode_s": samples,
+    }
+    if "hf" in runners:
+        result["greedy_identical_to_hf"] = {
+            n: {b: sum(x == y for x, y in zip(outputs[n][b], outputs["hf"][b])) / int(b) for b in outputs[n]}
+            for n in cfg.backends}
+    return result
+
+
+def render(result: dict) -> Table:
+    first = result["backends"][0]
+    table = Table(title=f"rlboost bench engine --backends: {result['model']}, {result['dtype']}, "
+                        f"{result['prompt_len']} prompt + {result['new_tokens']} new tokens, {result['device']}, "
+                        f"{result['threads']} thread(s), median of {result['repeats']} interleaved rounds")
+    table.add_column("backend")
+    for b in result["batches"]:
+        table.add_column(f"decode tok/s, batch {b}", justify="right")
+    table.add_column("start-up s", justify="right")
+    table.add_column("weight swap s", justify="right")
+    for name in result["backends"]:
+        cells = [f"{result['decode_tokens_per_s'][name][str(b)]:,.0f} "
+                 f"({result[f'decode_vs_{first}'][name][str(b)]:.2f}x)" for b in result["batches"]]
+        table.add_row(name, *cells, f"{result['startup_s'][name]:.1f}", f"{result['weight_swap_s'][name]:.2f}")
+    caption = f"(ratio to {first} in parentheses)"
+    if "greedy_identical_to_hf" in result:
+        same = ", ".join(f"{n} {min(v.values()):.0%}" for n, v in result["greedy_identical_to_hf"].items() if n != "hf")
+        caption += f"; greedy outputs identical to HF's: {same} of requests (worst batch)"
+    table.caption = caption
+    return table

@@ -1,0 +1,41 @@
+"""`rlboost bench engine --backends`: every backend decodes the same greedy batches, side by side."""
+
+import json
+
+import pytest
+
+from rlboost.cli import main
+
+
+def bench(tmp_path, backends):
+    path = tmp_path / "bench.json"
+    rc = main(["bench", "engine", "--model", "tiny:qwen3", "--backends", backends, "--batches", "1,3",
+               "--prompt-len", "6", "--new-tokens", "5", "--repeats", "2", "--device", "cpu", "--json", str(path)])
+    assert rc == 0
+    return json.loads(path.read_text())
+
+
+def check(result, backends):
+    assert result["backends"] == backends and result["batches"] == [1, 3]
+    for name in backends:
+        assert set(result["decode_tokens_per_s"][name]) == {"1", "3"}
+        assert all(v > 0 for v in result["decode_tokens_per_s"][name].values())
+        assert all(len(s) == 2 for s in result["samples_decode_s"][name].values())
+        assert result["startup_s"][name] > 0 and result["weight_swap_s"][name] >= 0
+        assert result["greedy_identical_to_hf"][name] == {"1": 1.0, "3": 1.0}, name
+    assert result["decode_vs_rlboost"]["rlboost"] == {"1": 1.0, "3": 1.0}
+
+
+def test_bench_backends_rlboost_and_hf(tmp_path, capsys):
+    check(bench(tmp_path, "rlboost,hf"), ["rlboost", "hf"])
+    assert "weight swap" in capsys.readouterr().out
+
+
+@pytest.mark.vllm
+def test_bench_backends_with_vllm(tmp_path):
+    check(bench(tmp_path, "rlboost,vllm,hf"), ["rlboost", "vllm", "hf"])
+
+
+def test_bench_backends_unknown_name(tmp_path):
+    with pytest.raises(ValueError, match=r"--backends: unknown \['sglang'\]"):
+        bench(tmp_path, "rlboost,sglang")
