@@ -163,7 +163,12 @@ def _generate(args: argparse.Namespace) -> int:
     loaded = load_model(cfg.model)
     if loaded.tokenizer is None:
         raise SystemExit(f"error: model {cfg.model.path!r} has no tokenizer; `generate` needs text in and out")
-    engine = LLMEngine(loaded.model, cfg.engine, eos_token_ids=loaded.eos_token_ids)
+    if cfg.engine.backend == "vllm":
+        from rlboost.engine.vllm_backend import vllm_engine_for
+
+        engine = vllm_engine_for(cfg.model, cfg.engine, loaded.eos_token_ids)
+    else:
+        engine = LLMEngine(loaded.model, cfg.engine, eos_token_ids=loaded.eos_token_ids)
     tok = loaded.tokenizer
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed)

@@ -337,8 +337,16 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         return HybridRollout(h, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())
-    # The engine fuses its model's weights in place, so it gets a copy of its own.
-    engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
+    if cfg.engine.backend == "vllm":
+        if cfg.rollout.histospec.enabled:
+            raise ValueError("rollout.histospec.enabled needs engine.backend=rlboost: vLLM does not verify "
+                             "HistoSpec's drafts")
+        from rlboost.engine.vllm_backend import vllm_engine_for
+
+        engine = vllm_engine_for(cfg.model, cfg.engine, eos_token_ids)
+    else:
+        # The engine fuses its model's weights in place, so it gets a copy of its own.
+        engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
     engine.load_weights(weights, version=version)
     history = None
     if cfg.rollout.histospec.enabled:
