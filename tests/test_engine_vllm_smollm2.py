@@ -20,7 +20,7 @@ MESSAGES = ["What is 17 times 3?", "Name a prime number larger than 50.", "Write
 
 
 @pytest.fixture(scope="module")
-def engines(smollm2):
+def engine(smollm2):
     from rlboost.engine.vllm_backend import vllm_engine_for
 
     engine = vllm_engine_for(ModelConfig(), EngineConfig(backend="vllm", device="cpu", max_model_len=256,
@@ -47,15 +47,15 @@ def generate(engine, prompts, params):
     return [out[f"g{i}"] for i in range(len(prompts))]
 
 
-def test_greedy_equals_hf_token_for_token(engines, smollm2, prompts):
+def test_greedy_equals_hf_token_for_token(engine, smollm2, prompts):
     """A folder vLLM misread (no `architectures`, one name of the tied pair) gave token 0 forever."""
-    outputs = generate(engines, prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
+    outputs = generate(engine, prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True))
     for prompt, (tokens, logprobs) in zip(prompts, outputs):
         assert tokens == hf_greedy(smollm2.model, prompt, 16)
         assert logprobs == pytest.approx(hf_logprobs(smollm2.model, prompt, tokens).tolist(), abs=1e-3)
 
 
-def test_sampled_logprobs_match_the_trainer(engines, smollm2, prompts):
+def test_sampled_logprobs_match_the_trainer(engine, smollm2, prompts):
     """The behaviour log-probs vLLM streams against the trainer's recomputation, at T=1 and T=0.7 (top_p=1,
     no top_k: the GRPO rollout setting). Prints the measured mismatch."""
     worst = {}
@@ -63,7 +63,7 @@ def test_sampled_logprobs_match_the_trainer(engines, smollm2, prompts):
         params = [SamplingParams(temperature=temperature, max_tokens=32, seed=7 + i, ignore_eos=True)
                   for i in range(len(prompts))]
         diffs = []
-        for prompt, (tokens, logprobs) in zip(prompts, generate(engines, prompts, params)):
+        for prompt, (tokens, logprobs) in zip(prompts, generate(engine, prompts, params)):
             assert len(tokens) == 32
             trainer = hf_logprobs(smollm2.model, prompt, tokens, temperature=temperature)
             diffs.append((torch.tensor(logprobs) - trainer).abs())
