@@ -155,7 +155,10 @@ class VllmEngine:
             ignore_eos=True,  # vLLM has no tokenizer here; the model's EOS ids are in stop_token_ids
             logprobs=0,  # the sampled token's own log-prob only
             output_kind=RequestOutputKind.DELTA, detokenize=False)
-        self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
+        try:
+            self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
+        except ValueError as e:  # anything vLLM refuses beyond the checks above, still named
+            raise InvalidRequestError(f"{where}: vLLM refused it: {e}") from None
         self._active[request_id] = _Request(tokens, seed)
         return seed
 
