@@ -105,3 +105,23 @@ def test_failed_step_loses_nothing(fail_at_step):
             outputs[c.request_id] += c.token_ids
     assert failures == 1
     assert [outputs[f"r{i}"] for i in range(3)] == [r.token_ids for r in reference]
+
+
+def test_invalid_backend_fields_are_named():
+    from rlboost.engine.config import EngineConfig as Config
+
+    for fields, message in [({"backend": "sglang"}, "engine.backend must be one of rlboost, vllm"),
+                            ({"vllm_tensor_parallel_size": 0}, "engine.vllm_tensor_parallel_size must be >= 1"),
+                            ({"vllm_gpu_memory_utilization": 1.5}, "engine.vllm_gpu_memory_utilization must be in"),
+                            ({"vllm_cpu_kv_cache_gib": 0.5}, "engine.vllm_cpu_kv_cache_gib must be an integer")]:
+        with pytest.raises(ValueError, match=message):
+            Config(**fields).validate()
+
+
+def test_vllm_backend_refuses_an_engine_core_in_another_process(monkeypatch):
+    """Abort's exactness rests on reading every step's output in the worker's process."""
+    from rlboost.engine.vllm_backend import VllmEngine
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with pytest.raises(ValueError, match="unset VLLM_ENABLE_V1_MULTIPROCESSING"):
+        VllmEngine("unused", EngineConfig(backend="vllm"))

@@ -60,8 +60,13 @@ def vllm_available() -> bool:
 
 
 def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
-    """vLLM reads these when it is imported or starts; a value the caller set wins."""
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+    """vLLM reads these when it is imported or starts; a value the caller set wins, except for the one
+    the contract rests on."""
+    if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
+        # an engine core in another process hides the tokens it made but did not hand over yet (abort
+        # would not be exact) and receives weight tensors as lists
+        raise ValueError("engine.backend=vllm runs vLLM's engine core in the worker's process: unset "
+                         "VLLM_ENABLE_V1_MULTIPROCESSING (or set it to 0)")
     # measured on a 2-core machine: one unpinned thread was several times faster than vLLM's pinning
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.vllm_cpu_kv_cache_gib))
