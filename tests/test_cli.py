@@ -36,6 +36,14 @@ def test_generate_streams_an_answer(capsys):
     assert "Paris" in capsys.readouterr().out
 
 
+@pytest.mark.vllm
+def test_generate_on_the_vllm_backend(capsys):
+    rc = main(["generate", "engine.backend=vllm", "engine.device=cpu", "engine.max_model_len=512",
+               "--prompt", "What is the capital of France?", "--max-tokens", "12"])
+    assert rc == 0
+    assert "Paris" in capsys.readouterr().out
+
+
 def test_config_errors_exit_2_with_the_key(capsys):
     rc = main(["generate", "engine.max_num_seq=4", "--prompt", "hi"])
     assert rc == 2
