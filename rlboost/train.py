@@ -435,6 +435,11 @@ def validate(cfg: RLBoostConfig) -> None:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    if cfg.trainer.tis_cap and optimizer_steps_per_step(cfg) > 1:
+        raise ConfigError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
+                          f"{cfg.trainer.mini_batch_groups} splits data.train_batch_size={cfg.data.train_batch_size} "
+                          "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
+                          "starting weights are gone after its first update)")
     check_local_devices(cfg)
 
 

@@ -86,3 +86,14 @@ def test_hybrid_settings_are_checked(override, message):
         cfg.rollout.validate()
     with pytest.raises(ConfigError, match="unknown config key `rollout.hybrid.seed_window`. Did you mean `rollout.hybrid.seed_window_s`"):
         load_config(RLBoostConfig, overrides=["rollout.hybrid.seed_window=1"])
+
+
+def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_starts():
+    from rlboost.train import validate
+
+    cfg = load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "trainer.mini_batch_groups=1",
+                                                "data.train_batch_size=4"])
+    with pytest.raises(ConfigError, match="trainer.tis_cap needs one optimizer step per RL step, but "
+                                          "trainer.mini_batch_groups=1 splits data.train_batch_size=4"):
+        validate(cfg)
+    validate(load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "data.train_batch_size=4"]))

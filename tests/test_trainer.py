@@ -4,6 +4,7 @@ advantages and losses follow their definitions, and the optimizer steps at mini-
 from __future__ import annotations
 
 import copy
+import math
 import random
 import warnings
 
@@ -273,3 +274,114 @@ def test_a_train_step_with_a_shared_prompt_reports_and_updates_the_same():
         assert_same_up_to_rounding(a.detach() - w, b.detach() - w)
         moved = max(moved, (b.detach() - w).abs().max().item())
     assert moved > 1e-5  # the step did move the weights, so equality means something
+
+
+# -- truncated importance sampling (trainer.tis_cap) and the rollout/trainer mismatch metrics --
+
+def trainer_logprobs(groups: list[Group]) -> list[torch.Tensor]:
+    """Each sample's response log-probs under `make_trainer()`'s starting weights."""
+    model = make_trainer().model
+    out = []
+    with torch.no_grad():
+        for s in (s for g in groups for s in g.samples):
+            batch = pad_batch([s.prompt_ids], [s.response_ids])
+            out.append(response_logprobs(model, batch, 0.8)[0][0, :len(s.response_ids)])
+    return out
+
+
+def with_rollout_logprobs(groups: list[Group], shifts: list[torch.Tensor]) -> list[Group]:
+    """`groups` whose behaviour log-probs are the trainer's own minus `shifts` (log pi_trainer/pi_rollout):
+    what an engine with other numerics streams."""
+    groups = copy.deepcopy(groups)
+    for s, lp, shift in zip((s for g in groups for s in g.samples), trainer_logprobs(groups), shifts):
+        s.logprobs = (lp - shift).tolist()
+    return groups
+
+
+def tis_reference_grads(groups: list[Group], cap: float) -> list[torch.Tensor]:
+    """token-mean of -A * min(pi_trainer/pi_rollout, cap) * log pi(token), written out from the definition
+    (the PPO ratio against the trainer's own starting log-probs is 1: never clipped)."""
+    trainer = make_trainer()
+    samples = [s for g in groups for s in g.samples]
+    adv = torch.cat([group_advantages(torch.tensor([s.reward for s in g.samples])) for g in groups])
+    batch = pad_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+    mask = batch["response_mask"].float()
+    logp, _ = response_logprobs(trainer.model, batch, 0.8)
+    rollout = torch.zeros_like(logp)
+    for b, s in enumerate(samples):
+        rollout[b, :len(s.logprobs)] = torch.tensor(s.logprobs)
+    weight = (logp.detach() - rollout).exp().clamp(max=cap)
+    loss = (-adv[:, None] * weight * logp * mask).sum() / mask.sum()
+    loss.backward()
+    return [p.grad.clone() for p in trainer.params]
+
+
+def mismatch_shifts(groups: list[Group], seed: int = 0) -> list[torch.Tensor]:
+    """log(pi_trainer/pi_rollout) per token: mostly bf16-sized noise, every fifth token far off either way."""
+    gen = torch.Generator().manual_seed(seed)
+    shifts = []
+    for s in (s for g in groups for s in g.samples):
+        shift = torch.randn(len(s.response_ids), generator=gen) * 0.03
+        shift[::5] = torch.tensor([1.0, -1.0])[torch.arange(len(shift[::5])) % 2]
+        shifts.append(shift)
+    return shifts
+
+
+def test_tis_weighs_each_token_by_the_truncated_ratio():
+    groups = make_groups(seed=21)
+    skewed = with_rollout_logprobs(groups, mismatch_shifts(groups))
+    expected = tis_reference_grads(skewed, cap=2.0)
+    for micro in (1, 3):
+        got = captured_grads(make_trainer(tis_cap=2.0, micro_batch_groups=micro), skewed)
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)
+    # the PPO ratio against the rollout's log-probs (tis off) is another gradient: it clips the far-off tokens
+    plain = captured_grads(make_trainer(), skewed)
+    assert max((p - e).abs().max().item() for p, e in zip(plain, expected)) > 1e-3
+
+
+def test_tis_without_a_mismatch_is_the_plain_policy_gradient():
+    groups = make_groups(seed=22)
+    same = with_rollout_logprobs(groups, [torch.zeros(len(s.response_ids)) for g in groups for s in g.samples])
+    plain = captured_grads(make_trainer(), same)
+    for g, p in zip(captured_grads(make_trainer(tis_cap=2.0), same), plain):
+        torch.testing.assert_close(g, p, rtol=1e-4, atol=1e-6)
+
+
+def test_the_mismatch_and_tis_metrics():
+    groups = make_groups(seed=23)
+    shifts = mismatch_shifts(groups, seed=1)
+    skewed = with_rollout_logprobs(groups, shifts)
+    lp = torch.cat(trainer_logprobs(skewed))
+    rollout = torch.tensor([x for g in skewed for s in g.samples for x in s.logprobs])
+    shift = torch.cat(shifts)
+    metrics = make_trainer(tis_cap=2.0).train_step(skewed, len(skewed))
+    diff = (lp.exp() - rollout.exp()).abs()
+    assert metrics["training/rollout_probs_diff_max"] == pytest.approx(diff.max().item(), rel=1e-4)
+    assert metrics["training/rollout_probs_diff_mean"] == pytest.approx(diff.mean().item(), rel=1e-4)
+    assert metrics["actor/tis_clipfrac"] == pytest.approx((shift > math.log(2.0)).float().mean().item())
+    assert metrics["actor/tis_weight_mean"] == pytest.approx(shift.exp().clamp(max=2.0).mean().item(), rel=1e-4)
+    assert metrics["actor/pg_clipfrac"] == 0.0  # the ratio to the trainer's own start is 1
+    plain = make_trainer().train_step(copy.deepcopy(skewed), len(skewed))
+    assert "actor/tis_clipfrac" not in plain
+    assert plain["actor/pg_clipfrac"] > 0.1  # every fifth token is off by e: clipped where the advantage agrees
+    assert plain["training/rollout_probs_diff_max"] == metrics["training/rollout_probs_diff_max"]
+
+
+def test_the_mismatch_is_measured_before_the_first_update_only():
+    """Later mini-batches see weights the rollout never had: their difference is not the engine's."""
+    groups = make_groups(num_groups=4, seed=24)
+    skewed = with_rollout_logprobs(groups, mismatch_shifts(groups, seed=2))
+    first_two = make_trainer().train_step(copy.deepcopy(skewed[:2]), 2)
+    by_mini = make_trainer(mini_batch_groups=2).train_step(copy.deepcopy(skewed), 4)
+    assert by_mini["training/rollout_probs_diff_mean"] == pytest.approx(first_two["training/rollout_probs_diff_mean"])
+
+
+def test_tis_refuses_several_optimizer_steps_per_step_before_any_update():
+    trainer = make_trainer(tis_cap=2.0, mini_batch_groups=2)
+    before = [p.detach().clone() for p in trainer.params]
+    with pytest.raises(ValueError, match="trainer.tis_cap needs one optimizer step per RL step.*mini_batch_groups=0"):
+        trainer.train_step(make_groups(num_groups=4), 4)
+    assert all(torch.equal(b, p) for b, p in zip(before, trainer.params))
+    with pytest.raises(ValueError, match="trainer.tis_cap must be 0 \\(off\\) or >= 1, got 0.5"):
+        TrainerConfig(tis_cap=0.5).validate()

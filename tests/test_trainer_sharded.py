@@ -91,29 +91,33 @@ DEALINGS = {
 @pytest.mark.parametrize("mode", LOSS_AGG_MODES)
 def test_two_ranks_give_the_world_1_gradient(group, mode):
     """Every loss mode, with and without KL, several arrival orders and dealings, micro-batches of one
-    and two groups, one mini-batch and several: each optimizer step sees the world-1 gradient."""
+    and two groups, one mini-batch and several, with and without TIS: each optimizer step sees the
+    world-1 gradient."""
     trainers, kl_coef = group
     groups = make_groups(num_groups=5, n=3, seed=11)
-    cases = [(1, 0, "round-robin", 0), (2, 0, "seeded-random", 1), (1, 2, "all-to-rank-1", 2),
-             (2, 2, "seeded-random", 3)]
-    for micro, mini, dealing, seed in cases:
+    cases = [(1, 0, "round-robin", 0, 0.0), (2, 0, "seeded-random", 1, 0.0), (1, 2, "all-to-rank-1", 2, 0.0),
+             (2, 2, "seeded-random", 3, 0.0), (1, 0, "seeded-random", 4, 1.2)]  # the last with TIS
+    for micro, mini, dealing, seed, tis_cap in cases:
         arrival = groups[:]
         random.Random(seed).shuffle(arrival)  # groups finish in any order
-        want = world1_grads(arrival, kl_coef, loss_agg_mode=mode, micro_batch_groups=micro, mini_batch_groups=mini)
-        trainers.reconfigure(loss_agg_mode=mode, micro_batch_groups=micro, mini_batch_groups=mini)
+        want = world1_grads(arrival, kl_coef, loss_agg_mode=mode, micro_batch_groups=micro, mini_batch_groups=mini,
+                            tis_cap=tis_cap)
+        trainers.reconfigure(loss_agg_mode=mode, micro_batch_groups=micro, mini_batch_groups=mini, tis_cap=tis_cap)
         make_deal = DEALINGS[dealing]
         trainers.deal = make_deal(seed) if make_deal else (lambda i: i % 2)
         metrics = trainers.train_step(copy.deepcopy(arrival), len(arrival))
         got = trainers.take_captured()
         assert len(got) == len(want) == metrics["actor/optimizer_steps"] == (3 if mini else 1)
         for g, w in zip(got, want):
-            assert max_rel_diff(g, w) <= 1e-5, (micro, mini, dealing)
+            assert max_rel_diff(g, w) <= 1e-5, (micro, mini, dealing, tis_cap)
+        if tis_cap:
+            assert 0 < metrics["actor/tis_clipfrac"] < 1  # some tokens truncated, or the case proves little
 
 
 def test_the_metrics_are_the_world_1_metrics(group):
     trainers, kl_coef = group
     groups = make_groups(num_groups=4, n=3, seed=12)
-    trainers.reconfigure(loss_agg_mode="token-mean", micro_batch_groups=1, mini_batch_groups=2)
+    trainers.reconfigure(loss_agg_mode="token-mean", micro_batch_groups=1, mini_batch_groups=2, tis_cap=0.0)
     trainers.deal = lambda i: i % 2
     got = trainers.train_step(copy.deepcopy(groups), len(groups))
     trainers.take_captured()

@@ -47,6 +47,15 @@ class TrainerConfig:
     Dr. GRPO)."""
     norm_adv_by_std: bool = True
     """GRPO advantage = (reward - group mean) / (group std + eps); False drops the division (Dr. GRPO)."""
+    tis_cap: float = 0.0
+    """Truncated importance sampling for the rollout/trainer mismatch (Yao et al. 2025; veRL's
+    `tis_imp_ratio_cap`, slime's `--use-tis`): each token's policy-gradient term is weighted by
+    min(pi_trainer / pi_rollout, tis_cap), with pi_trainer the trainer's own probability of the token at
+    the step's starting weights, and the PPO ratio is taken against pi_trainer instead of the rollout's
+    log-prob. Worth it where the engine's numerics differ from the trainer's (vLLM, bf16: docs/engine.md
+    measures it); 0 (the default) turns it off and the PPO ratio is against the rollout's log-probs.
+    2 is the paper's value. Needs one optimizer step per RL step (`mini_batch_groups` 0 or the whole
+    batch): a streamed step has the trainer's starting log-probs only before its first update."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the frozen initial policy (k3 estimator, veRL's `low_var_kl`);
     0 disables it and no reference model is kept."""
@@ -100,6 +109,8 @@ class TrainerConfig:
             raise ValueError("trainer.clip_ratio_low and trainer.clip_ratio_high must be >= 0")
         if self.loss_agg_mode not in LOSS_AGG_MODES:
             raise ValueError(f"trainer.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
+        if self.tis_cap != 0 and not self.tis_cap >= 1:
+            raise ValueError(f"trainer.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

@@ -37,7 +37,7 @@ from rlboost.rollout.sample import Group
 from rlboost.rollout.step_data import RESERVED
 from rlboost.trainer.errors import TrainerRankError
 from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.trainer import _StepStats
+from rlboost.trainer.trainer import _StepStats, check_tis
 
 DEATH_GRACE_S = 10.0
 """After a rank fails, how long to look for a rank that died: when one dies mid-collective, the others
@@ -227,6 +227,7 @@ class TrainerGroup:
         self.step = step if step is not None else self.step + 1
         cfg = self.config
         mini_size = cfg.mini_batch_groups or num_groups
+        check_tis(cfg, mini_size, num_groups)
         micro = cfg.micro_batch_groups
         queues: list[list[Group]] = [[] for _ in range(self.world_size)]
         pending: list = []

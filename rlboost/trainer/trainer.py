@@ -12,7 +12,10 @@ Contract (DESIGN.md 2.6):
   keys and values (`logprobs.shared_prompt_logprobs`): the same log-probs and gradients as the padded
   batch up to float rounding, with a fraction of the compute.
 - Behaviour log-probs are the ones the engine streamed with each token (the step's weights); the
-  trainer's own log-probs use the same temperature, so the PPO ratio starts at 1.
+  trainer's own log-probs use the same temperature, so the PPO ratio starts at 1 up to the engine's
+  numerics. Where those differ (vLLM, bf16), `tis_cap` takes the ratio against the trainer's own starting
+  log-probs and weighs each token by the truncated ratio pi_trainer / pi_rollout (`_tis_loss`); the
+  mismatch is reported either way (`training/rollout_probs_diff_*`).
 - `weights()` is the state dict the engine loads after the step (version k+1).
 """
 
@@ -77,6 +80,7 @@ class Trainer:
         (the RL step) is for the sharded trainer's error messages; one process has no rank to name."""
         cfg = self.config
         mini_size = cfg.mini_batch_groups or num_groups
+        check_tis(cfg, mini_size, num_groups)
         stats = _StepStats()
         micro: list[Group] = []
         consumed = in_mini = 0
@@ -118,8 +122,13 @@ class Trainer:
 
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
             logp, entropy = self._logprobs(self.model, samples, batch, with_entropy=True)
-        token_loss, clipped, approx_kl = ppo_clip_loss(logp, old_logp, advantages, cfg.clip_ratio_low,
-                                                       cfg.clip_ratio_high)
+        if not stats.grad_norms:  # no update yet this step: logp is the starting weights', as the rollout's were
+            stats.add_mismatch(logp.detach(), old_logp, mask)
+        if cfg.tis_cap:
+            token_loss, clipped, approx_kl = self._tis_loss(logp, old_logp, advantages, mask, stats)
+        else:
+            token_loss, clipped, approx_kl = ppo_clip_loss(logp, old_logp, advantages, cfg.clip_ratio_low,
+                                                           cfg.clip_ratio_high)
         numerator, denominator = aggregate_parts(token_loss, mask, cfg.loss_agg_mode, self.max_response_length)
         total = numerator
         if self.ref_model is not None:
@@ -138,6 +147,20 @@ class Trainer:
         stats.entropy += entropy.sum().item()
         stats.advantages.extend(advantages.tolist())
         return denominator
+
+    def _tis_loss(self, logp, rollout_logp, advantages, mask, stats: "_StepStats"):
+        """PPO-clip against the trainer's own starting log-probs, each token weighted by the truncated
+        ratio min(pi_trainer / pi_rollout, tis_cap) (`TrainerConfig.tis_cap`). The step has one
+        optimizer step (checked before it starts), so `logp` detached *is* the starting policy."""
+        cfg = self.config
+        start_logp = logp.detach()
+        log_ratio = start_logp - rollout_logp
+        weight = log_ratio.clamp(max=math.log(cfg.tis_cap)).exp()
+        token_loss, clipped, approx_kl = ppo_clip_loss(logp, start_logp, advantages, cfg.clip_ratio_low,
+                                                       cfg.clip_ratio_high)
+        stats.tis_weight += (weight * mask).sum().item()
+        stats.tis_truncated += ((log_ratio > math.log(cfg.tis_cap)) * mask).sum().item()
+        return token_loss * weight, clipped, approx_kl
 
     def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         if self.share_prompt:
@@ -191,6 +214,13 @@ class Trainer:
         self.scheduler.load_state_dict(scheduler_state)
 
 
+def check_tis(config: TrainerConfig, mini_size: int, num_groups: int) -> None:
+    """TIS weighs tokens by the trainer's starting log-probs, at hand only before a step's first update."""
+    if config.tis_cap and mini_size < num_groups:
+        raise ValueError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
+                         f"{mini_size} splits the step's {num_groups} groups: set trainer.mini_batch_groups=0")
+
+
 def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
     """Multiplier of `lr` at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
     if step < config.lr_warmup_steps:
@@ -213,6 +243,16 @@ class _StepStats:
         self.kl_losses: list[float] = []
         self.grad_norms: list[float] = []
         self.skipped = 0
+        # rollout/trainer mismatch on the tokens trained before the step's first update
+        self.probs_diff_sum = self.probs_diff_max = self.mismatch_tokens = 0.0
+        self.tis_weight = self.tis_truncated = 0.0
+
+    def add_mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
+        """|pi_trainer - pi_rollout| per token (veRL's `training/rollout_probs_diff_*`)."""
+        diff = (trainer_logp.float().exp() - rollout_logp.exp()).abs() * mask
+        self.probs_diff_sum += diff.sum().item()
+        self.probs_diff_max = max(self.probs_diff_max, diff.max().item() if diff.numel() else 0.0)
+        self.mismatch_tokens += mask.sum().item()
 
     def end_mini_batch(self, denominator: float, grad_norm: float) -> None:
         self.pg_losses.append(self.pg_numerator / denominator)
@@ -229,8 +269,10 @@ class _StepStats:
         """One step's stats from every rank's `totals()`: sums add up and advantages concatenate; the
         per-mini-batch losses and gradient norms are global already (all-reduced), hence equal on all."""
         out = cls()
-        for key in ("tokens", "clipped", "approx_kl", "entropy"):
+        for key in ("tokens", "clipped", "approx_kl", "entropy", "probs_diff_sum", "mismatch_tokens", "tis_weight",
+                    "tis_truncated"):
             setattr(out, key, sum(p[key] for p in parts))
+        out.probs_diff_max = max(p["probs_diff_max"] for p in parts)
         out.advantages = [a for p in parts for a in p["advantages"]]
         for key in ("pg_losses", "kl_losses", "grad_norms", "skipped"):
             setattr(out, key, parts[0][key])
@@ -239,7 +281,11 @@ class _StepStats:
     def metrics(self, lr: float) -> dict[str, float]:
         tokens = max(self.tokens, 1.0)
         adv = self.advantages or [0.0]
-        return {
+        tis = {"actor/tis_weight_mean": self.tis_weight / tokens,
+               "actor/tis_clipfrac": self.tis_truncated / tokens} if self.tis_weight else {}
+        return tis | {
+            "training/rollout_probs_diff_mean": self.probs_diff_sum / max(self.mismatch_tokens, 1.0),
+            "training/rollout_probs_diff_max": self.probs_diff_max,
             "actor/pg_loss": sum(self.pg_losses) / max(len(self.pg_losses), 1),
             "actor/kl_loss": sum(self.kl_losses) / max(len(self.kl_losses), 1),
             "actor/pg_clipfrac": self.clipped / tokens,
