@@ -270,4 +270,5 @@ def test_colocated_training_on_the_vllm_backend(tmp_path):
     for step in (1, 2):
         # measured: at most 6e-8 with the weights reloaded; 6.6e-5 at step 2 when vLLM kept stale weights
         assert abs(m[step]["actor/ppo_kl"]) < 1e-6, m[step]["actor/ppo_kl"]
+        assert m[step]["training/rollout_probs_diff_max"] < 1e-4  # the mismatch metric sees the same
     print(f"\nvLLM colocated: ppo_kl step 1 {m[1]['actor/ppo_kl']:.1e}, step 2 {m[2]['actor/ppo_kl']:.1e}")
