@@ -32,13 +32,12 @@ def reference():
 @pytest.fixture(scope="module")
 def vllm_engine(tmp_path_factory):
     """One vLLM engine for the module (it takes seconds to start); each test gets it idle."""
-    import os
-
-    os.environ["RLBOOST_CACHE"] = str(tmp_path_factory.mktemp("cache"))  # the tiny model's folder goes here
     from rlboost.engine.vllm_backend import vllm_engine_for
 
-    engine = vllm_engine_for(ModelConfig(path=f"tiny:{FAMILY}"),
-                             EngineConfig(backend="vllm", device="cpu", max_model_len=MAX_LEN, max_num_seqs=8))
+    with pytest.MonkeyPatch.context() as env:  # the tiny model's folder goes here, for this module only
+        env.setenv("RLBOOST_CACHE", str(tmp_path_factory.mktemp("cache")))
+        engine = vllm_engine_for(ModelConfig(path=f"tiny:{FAMILY}"),
+                                 EngineConfig(backend="vllm", device="cpu", max_model_len=MAX_LEN, max_num_seqs=8))
     yield engine
     engine.shutdown()
 

@@ -12,6 +12,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,14 +173,24 @@ def bundled_smollm2_folder() -> Path:
     # loaded from GGUF, so write the config (minus its GGUF quantization entry) and weights ourselves.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         write_standard_folder(model, tmp)
         tokenizer.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
+
+    return _write_once(folder, write)
+
+
+def _write_once(folder: Path, write: Callable[[Path], None]) -> Path:
+    """`folder`, written by `write` into a temporary sibling and renamed into place: atomic, so a
+    concurrent loader sees either nothing or the whole folder (and a second writer keeps the first's)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".tmp-", dir=folder.parent))
+    try:
+        write(tmp)
         try:
-            tmp.rename(folder)  # atomic: a concurrent loader sees either nothing or the whole folder
+            tmp.rename(folder)
         except OSError:
             if not (folder / "config.json").is_file():
                 raise
@@ -201,18 +212,7 @@ def model_folder(config: ModelConfig) -> Path:
         folder = cache_dir() / "models" / key
         if (folder / "config.json").is_file():
             return folder
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=key + ".tmp-", dir=folder.parent))
-        try:
-            write_standard_folder(load_model(config).model, tmp)
-            try:
-                tmp.rename(folder)  # atomic, as for the bundled model
-            except OSError:
-                if not (folder / "config.json").is_file():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        return folder
+        return _write_once(folder, lambda tmp: write_standard_folder(load_model(config).model, tmp))
     p = Path(path).expanduser()
     if p.is_dir() and not config.gguf_file and (p / "config.json").is_file():
         return p
