@@ -338,9 +338,6 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())
     if cfg.engine.backend == "vllm":
-        if cfg.rollout.histospec.enabled:
-            raise ValueError("rollout.histospec.enabled needs engine.backend=rlboost: vLLM does not verify "
-                             "HistoSpec's drafts")
         from rlboost.engine.vllm_backend import vllm_engine_for
 
         engine = vllm_engine_for(cfg.model, cfg.engine, eos_token_ids)
@@ -435,6 +432,10 @@ def validate(cfg: RLBoostConfig) -> None:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    try:
+        cfg.engine.check_histospec(cfg.rollout.histospec.enabled)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     if cfg.trainer.tis_cap and optimizer_steps_per_step(cfg) > 1:
         raise ConfigError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
                           f"{cfg.trainer.mini_batch_groups} splits data.train_batch_size={cfg.data.train_batch_size} "

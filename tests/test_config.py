@@ -97,3 +97,12 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
                                           "trainer.mini_batch_groups=1 splits data.train_batch_size=4"):
         validate(cfg)
     validate(load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "data.train_batch_size=4"]))
+
+
+def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
+    from rlboost.train import validate
+
+    cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"])
+    with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "
+                                          "verify HistoSpec's drafts"):
+        validate(cfg)

@@ -68,6 +68,12 @@ class EngineConfig:
     """vLLM only: run eagerly, without CUDA graphs or torch.compile. True starts in seconds (tests, CPU:
     compiled mode took minutes to start on a CPU and was not faster); set False on a GPU for speed."""
 
+    def check_histospec(self, enabled: bool) -> None:
+        """HistoSpec's drafts are verified by rlboost's engine only: refuse the pair by name."""
+        if enabled and self.backend != "rlboost":
+            raise ValueError(f"rollout.histospec.enabled needs engine.backend=rlboost: {self.backend} does not verify "
+                             "HistoSpec's drafts")
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
         if self.backend not in BACKENDS:

@@ -71,9 +71,7 @@ def rlboost_engine(spec: WorkerSpec) -> EngineBackend:
     `spec.model`, or vLLM (`rlboost.engine.vllm_backend`) on the model's HF folder; either serves no
     trained weights (version -1) until the first pull."""
     if spec.engine.backend == "vllm":
-        if spec.histospec is not None:
-            raise ValueError("rollout.histospec.enabled needs engine.backend=rlboost: vLLM does not verify "
-                             "HistoSpec's drafts")
+        spec.engine.check_histospec(spec.histospec is not None)
         from rlboost.engine.vllm_backend import vllm_engine_for
 
         return vllm_engine_for(spec.model, spec.engine, spec.eos_token_ids, weight_version=-1,
