@@ -19,6 +19,7 @@ import time
 import torch
 from rich.table import Table
 
+from rlboost.bench.engine import timed_decode, timed_hf_generate
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.engine import resolve_device
 from rlboost.models import ModelConfig, load_model
@@ -32,23 +33,10 @@ class _Backend:
     engine = None
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, float]:
-        engine = self.engine
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-        for i, prompt in enumerate(prompts):
-            engine.add(f"bench-{i}", prompt, params)
-        outputs: list[list[int]] = [[] for _ in prompts]
-
-        def run_until(done) -> float:
-            start = time.perf_counter()
-            while not done():
-                for chunk in engine.step():
-                    outputs[int(chunk.request_id.removeprefix("bench-"))] += chunk.token_ids
-            return time.perf_counter() - start
-
         # prefill: until every request has its first token (vLLM may split a prefill over steps)
-        prefill_s = run_until(lambda: all(n >= 1 for n in engine.progress().values()))
-        decode_s = run_until(lambda: not engine.has_unfinished())
-        return outputs, prefill_s, decode_s
+        return timed_decode(self.engine, prompts, params,
+                            lambda engine: all(n >= 1 for n in engine.progress().values()))
 
     def swap(self, state: dict, version: int) -> float:
         start = time.perf_counter()
@@ -78,19 +66,10 @@ class _HF(_Backend):
         self.model = load_model(model).model.to(device)
         self.device = device
 
-    def _generate(self, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
-                                      do_sample=False, eos_token_id=None, pad_token_id=0)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return out, time.perf_counter() - start
-
     def run(self, prompts, new_tokens):
         ids = torch.tensor(prompts, device=self.device)
-        _, prefill_s = self._generate(ids, 1)
-        out, total_s = self._generate(ids, new_tokens)
+        _, prefill_s = timed_hf_generate(self.model, ids, 1)
+        out, total_s = timed_hf_generate(self.model, ids, new_tokens)
         return out[:, ids.shape[1]:].tolist(), prefill_s, max(total_s - prefill_s, 1e-9)
 
     def swap(self, state, version):

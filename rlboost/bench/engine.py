@@ -67,21 +67,38 @@ class _EngineRun:
 
     def __call__(self) -> tuple[list[list[int]], float, float]:
         """(tokens per request, prefill seconds, decode seconds)."""
-        engine = self.engine
-        for i, prompt in enumerate(self.prompts):
-            engine.add(f"bench-{i}", prompt, self.params)
-        outputs: list[list[int]] = [[] for _ in self.prompts]
+        return timed_decode(self.engine, self.prompts, self.params, lambda engine: engine.num_waiting == 0)
 
-        def run_until(done) -> float:
-            start = time.perf_counter()
-            while not done():
-                for chunk in engine.step():
-                    outputs[int(chunk.request_id.removeprefix("bench-"))] += chunk.token_ids
-            return time.perf_counter() - start
 
-        prefill_s = run_until(lambda: engine.num_waiting == 0)
-        decode_s = run_until(lambda: not engine.has_unfinished())
-        return outputs, prefill_s, decode_s
+def timed_decode(engine, prompts: list[list[int]], params: SamplingParams,
+                 prefill_done) -> tuple[list[list[int]], float, float]:
+    """Decode `prompts` on a streaming engine (any backend): (tokens per request, seconds until
+    `prefill_done(engine)`, seconds from then until every request ends)."""
+    for i, prompt in enumerate(prompts):
+        engine.add(f"bench-{i}", prompt, params)
+    outputs: list[list[int]] = [[] for _ in prompts]
+
+    def run_until(done) -> float:
+        start = time.perf_counter()
+        while not done():
+            for chunk in engine.step():
+                outputs[int(chunk.request_id.removeprefix("bench-"))] += chunk.token_ids
+        return time.perf_counter() - start
+
+    prefill_s = run_until(lambda: prefill_done(engine))
+    decode_s = run_until(lambda: not engine.has_unfinished())
+    return outputs, prefill_s, decode_s
+
+
+def timed_hf_generate(model, ids: torch.Tensor, n: int) -> tuple[torch.Tensor, float]:
+    """HF `generate` of exactly `n` greedy tokens after `ids`: (output ids, seconds)."""
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+    if ids.device.type == "cuda":
+        torch.cuda.synchronize(ids.device)
+    return out, time.perf_counter() - start
 
 
 class _HFRun:
@@ -95,13 +112,7 @@ class _HFRun:
         self._generate(3)  # warm-up
 
     def _generate(self, n: int) -> tuple[torch.Tensor, float]:
-        start = time.perf_counter()
-        with torch.inference_mode():
-            out = self.model.generate(self.ids, attention_mask=torch.ones_like(self.ids), max_new_tokens=n,
-                                      min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return out, time.perf_counter() - start
+        return timed_hf_generate(self.model, self.ids, n)
 
     def __call__(self) -> tuple[list[list[int]], float, float]:
         _, prefill_s = self._generate(1)
