@@ -385,3 +385,10 @@ def test_tis_refuses_several_optimizer_steps_per_step_before_any_update():
     assert all(torch.equal(b, p) for b, p in zip(before, trainer.params))
     with pytest.raises(ValueError, match="trainer.tis_cap must be 0 \\(off\\) or >= 1, got 0.5"):
         TrainerConfig(tis_cap=0.5).validate()
+
+
+def test_a_group_with_an_unfinished_sample_is_refused_naming_it():
+    groups = make_groups(num_groups=2)
+    groups[1].samples[0].finish_reason = None
+    with pytest.raises(ValueError, match="group 1 reached the trainer with unfinished samples"):
+        make_trainer().train_step(groups, 2)

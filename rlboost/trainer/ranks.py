@@ -37,7 +37,7 @@ from rlboost.rollout.sample import Group
 from rlboost.rollout.step_data import RESERVED
 from rlboost.trainer.errors import TrainerRankError
 from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.trainer import _StepStats, check_tis
+from rlboost.trainer.trainer import _StepStats, check_finished, check_tis
 
 DEATH_GRACE_S = 10.0
 """After a rank fails, how long to look for a rank that died: when one dies mid-collective, the others
@@ -235,8 +235,7 @@ class TrainerGroup:
         pending += self._each("begin_step")
         consumed = in_mini = 0
         for group in groups:
-            if not group.finished:
-                raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
+            check_finished(group)
             rank = self.deal(in_mini)
             if not 0 <= rank < self.world_size:
                 raise ValueError(f"dealt group {group.index} to rank {rank} of {self.world_size}")

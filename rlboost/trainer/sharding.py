@@ -137,9 +137,7 @@ class ShardedTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
 
     def micro_batch(self, groups: list[Group]) -> None:
-        for group in groups:
-            if not group.finished:
-                raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
+        """Groups the driver checked are finished (`TrainerGroup.train_step`)."""
         self.denominator += self._accumulate(groups, self.stats)
 
     def dummy_pass(self) -> None:

@@ -87,8 +87,7 @@ class Trainer:
         denominator = 0.0
         self.optimizer.zero_grad(set_to_none=True)
         for group in groups:
-            if not group.finished:
-                raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
+            check_finished(group)
             micro.append(group)
             consumed += 1
             in_mini += 1
@@ -212,6 +211,11 @@ class Trainer:
 
     def load_scheduler_state(self, scheduler_state: dict) -> None:
         self.scheduler.load_state_dict(scheduler_state)
+
+
+def check_finished(group: Group) -> None:
+    if not group.finished:
+        raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
 
 
 def check_tis(config: TrainerConfig, mini_size: int, num_groups: int) -> None:
