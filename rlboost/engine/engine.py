@@ -31,8 +31,8 @@ from transformers import PreTrainedModel
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
-from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_request,
-                                     check_weights, weights_fingerprint)
+from rlboost.engine.protocol import (Drafter, EngineStateError, SpecStats, check_request,
+                                     check_weights, stop_ids, weights_fingerprint)
 from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
@@ -107,17 +107,10 @@ class LLMEngine:
         `prompt_token_ids` is the original prompt when resubmitting prompt + partial tokens (the
         drafter looks history up by the original prompt); None: all of it."""
         params = params or SamplingParams()
-        where = f"request {request_id!r}"
-        if self.asleep:
-            raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
-        if request_id in self._active:
-            raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
-        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len,
+                               asleep=self.asleep, duplicate=request_id in self._active)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
-        stops = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            stops |= self.eos_token_ids
-        seq = Sequence(request_id, tokens, params, seed, frozenset(stops))
+        seq = Sequence(request_id, tokens, params, seed, stop_ids(params, self.eos_token_ids))
         self._active[request_id] = seq
         self.scheduler.add(seq)
         if self.drafter is not None:

@@ -74,11 +74,25 @@ class InvalidRequestError(ValueError):
     """A request was rejected at `add`; the message names it and what was wrong."""
 
 
+class EngineStateError(RuntimeError):
+    """The engine cannot do this now (busy with requests, or asleep)."""
+
+
+def stop_ids(params: SamplingParams, eos_token_ids: Iterable[int]) -> frozenset[int]:
+    """The tokens that end a request: its own stop ids, plus the model's EOS ids unless `ignore_eos`."""
+    return frozenset(params.stop_token_ids or ()) | (frozenset() if params.ignore_eos else frozenset(eos_token_ids))
+
+
 def check_request(request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, vocab_size: int,
-                  max_model_len: int) -> list[int]:
-    """The prompt as a list of ints, or InvalidRequestError naming the request and what was wrong: the
-    checks every backend makes at `add`, so a bad request reads the same whichever engine got it."""
+                  max_model_len: int, *, asleep: bool, duplicate: bool) -> list[int]:
+    """The prompt as a list of ints, or an error naming the request and what was wrong: the checks
+    every backend makes at `add`, so a bad request reads the same whichever engine got it. `asleep`:
+    the engine is (EngineStateError); `duplicate`: a request with this id is in the engine."""
     where = f"request {request_id!r}"
+    if asleep:
+        raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
+    if duplicate:
+        raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
     try:
         params.validate()
     except ValueError as e:
@@ -99,9 +113,6 @@ def check_request(request_id: str, prompt_token_ids: Sequence[int], params: Samp
             f"(engine.max_model_len), leaving no room to generate")
     return tokens
 
-
-class EngineStateError(RuntimeError):
-    """The engine cannot do this now (busy with requests, or asleep)."""
 
 
 @dataclass
@@ -176,4 +187,4 @@ class EngineBackend(Protocol):
 
 
 __all__ = ["Drafter", "EngineBackend", "EngineLimits", "EngineStateError", "InvalidRequestError", "SpecStats",
-           "check_request", "check_weights", "weights_fingerprint"]
+           "check_request", "check_weights", "stop_ids", "weights_fingerprint"]

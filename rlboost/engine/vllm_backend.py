@@ -44,7 +44,7 @@ from pathlib import Path
 
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_request,
-                                     check_weights, weights_fingerprint)
+                                     check_weights, stop_ids, weights_fingerprint)
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
@@ -143,16 +143,10 @@ class VllmEngine:
         from vllm.sampling_params import RequestOutputKind
 
         params = params or SamplingParams()
-        where = f"request {request_id!r}"
-        if self.asleep:
-            raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
-        if request_id in self._active:
-            raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
-        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len)
+        tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len,
+                               asleep=self.asleep, duplicate=request_id in self._active)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
-        stops = set(params.stop_token_ids or ())
-        if not params.ignore_eos:
-            stops |= self.eos_token_ids
+        stops = stop_ids(params, self.eos_token_ids)
         vllm_params = VllmSamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
             max_tokens=min(params.max_tokens, self.max_model_len - len(tokens)),
@@ -163,7 +157,7 @@ class VllmEngine:
         try:
             self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
         except ValueError as e:  # anything vLLM refuses beyond the checks above, still named
-            raise InvalidRequestError(f"{where}: vLLM refused it: {e}") from None
+            raise InvalidRequestError(f"request {request_id!r}: vLLM refused it: {e}") from None
         self._active[request_id] = _Request(tokens, seed)
         return seed
 
