@@ -149,16 +149,13 @@ class Run:
                 finished.append(group)
                 yield group
 
-        t0 = time.perf_counter()
         stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
         t1 = time.perf_counter()
         self.phase = "training"
         metrics |= self.trainer.train_step(scored(stream), len(groups), step=step)
-        train_s = time.perf_counter() - t1 - metrics["timing_s/reward"]
-        metrics |= self.rollout.step_metrics(train_s)
-        metrics.setdefault("timing_s/gen", t1 - t0)
-        # the backend knows what of train_s was not training (hybrid: the seeding window, waits for groups)
-        metrics.setdefault("timing_s/update_actor", train_s - metrics.get("timing_s/wait_train", 0.0))
+        # the backend knows what of this was generation and what training (hybrid: the seeding window,
+        # waits for groups)
+        metrics |= self.rollout.finish_step(time.perf_counter() - t1 - metrics["timing_s/reward"])
         self.phase = "publishing weights"
         with timed(metrics, "update_weights"):
             self.rollout.publish(trainer_weights(self.trainer, self.cfg, step), version=step)

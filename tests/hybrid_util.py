@@ -125,7 +125,7 @@ def handed_off(run: StepRun) -> bool:
 
 def kill(fleet: Fleet, worker: Callable[[StepRun], str | None], how: str | None = None) -> Callable[[StepRun], None]:
     def act(run: StepRun) -> None:
-        fleet.preempt(fleet.manager.workers[worker(run)], how)
+        fleet.preempt(fleet.manager.table.workers[worker(run)], how)
     return act
 
 
@@ -172,7 +172,7 @@ def refill(fleet: Fleet) -> None:
     """Back to the configured pool, every instance serving the current version."""
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
-    assert len(fleet.manager.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
+    assert len(fleet.manager.table.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
 def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, version: int = 0) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.rollout.sample import Sample
 from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
-                                        StepConfig, StepState, Submit)
+                                        StepConfig, StepState, Submit, WorkerState)
 
 
 def expected_tokens(uid: str, length: int) -> list[int]:
@@ -66,7 +66,8 @@ class Script:
     def join(self, name: str, kind: str = PREEMPTIBLE, max_running: int = 4, serving: bool = True,
              pulling_since: float | None = None) -> None:
         self.workers[name] = FakeWorker(name)
-        self.state.join(name, kind, max_running, serving=serving, pulling_since=pulling_since)
+        self.state.join(name, kind, max_running, state=WorkerState.SERVING if serving else WorkerState.PULLING,
+                        pulling_since=pulling_since)
 
     def reserved(self, *names: str, max_running: int = 4) -> None:
         for name in names:
@@ -173,7 +174,7 @@ class Script:
     def assert_exact(self) -> None:
         """Every sample finished once, with exactly its expected tokens, log-probs and version."""
         assert self.state.done and self.state.num_finished == len(self.lengths)
-        assert sorted(self.groups_done) == sorted(set(self.state.remaining))
+        assert sorted(self.groups_done) == sorted(set(self.state.ledger.remaining))
         for uid, s in self.samples.items():
             n = self.lengths[uid]
             assert s.response_ids == expected_tokens(uid, n), uid

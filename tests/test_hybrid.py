@@ -64,12 +64,12 @@ def test_a_fenced_worker_cannot_contribute(fleet, ref):
 
     def fence(run):
         fenced["name"] = busiest(run)
-        fleet.manager.fence(fenced["name"], "test: declared dead while alive")
+        fleet.manager.table.fence(fenced["name"], "test: declared dead while alive")
 
     out, run = run_step(fleet, faults=[(lambda run: (b := busiest(run)) and after_tokens(lambda _: b, 16)(run), fence)])
     check_invariants(out, run, ref)
     assert run.stats.fenced_tokens_dropped > 0  # it did send more, and all of it was dropped
-    dead = [h for h in fleet.manager.handles() if not h.alive]
+    dead = [h for h in fleet.manager.table.handles() if not h.alive]
     assert [h.name for h in dead] == [fenced["name"]] and dead[0].stream is not None  # still streaming
     refill(fleet)
 
@@ -84,7 +84,7 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     victim = {}
 
     def hold_its_stream(run):
-        h = victim["h"] = fleet.manager.workers[busiest(run)]
+        h = victim["h"] = fleet.manager.table.workers[busiest(run)]
         receive = run._reader.receive
 
         def without_it(handles, timeout):
@@ -101,7 +101,7 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     def freeze_and_fence(run):
         os.kill(victim["h"].pid, signal.SIGSTOP)
         victim["sent"] = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
-        fleet.manager.fence(victim["h"].name, "test: found dead by other means than its stream")
+        fleet.manager.table.fence(victim["h"].name, "test: found dead by other means than its stream")
 
     try:
         out, run = run_step(fleet, faults=[
@@ -130,7 +130,7 @@ def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
     frozen = {}
 
     def freeze(run):
-        frozen["h"] = fleet.manager.workers[busiest(run)]
+        frozen["h"] = fleet.manager.table.workers[busiest(run)]
         os.kill(frozen["h"].pid, signal.SIGSTOP)
 
     def thaw(run):
@@ -163,7 +163,7 @@ def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
     """Invariant 1: only workers holding the step's version generate. One preemptible worker is frozen
     (SIGSTOP) when version 1 is published (same tensors, so the reference outputs stay valid): its pull
     cannot finish, so it must stay idle through the step, and serve again once it has pulled."""
-    stale = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    stale = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     os.kill(stale.pid, signal.SIGSTOP)
     try:
         fleet.publish(fleet.weights, version=1)  # returns without waiting for preemptible pulls
@@ -180,7 +180,7 @@ def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
 
 
 def test_zero_preemptible_workers(fleet, ref):
-    for h in fleet.manager.alive(PREEMPTIBLE):
+    for h in fleet.manager.table.alive(PREEMPTIBLE):
         fleet.preempt(h)
     out, run = run_step(fleet)  # the kills are found out during the step, as a real preemption would be
     check_invariants(out, run, ref)
@@ -188,8 +188,8 @@ def test_zero_preemptible_workers(fleet, ref):
     # the window may close before a kill is found out (a loaded machine): whatever was handed to a
     # dead instance came back as a preemption and finished on the reserved worker
     assert run.stats.migrated["seed_handoff"] <= run.stats.migrated["preempted"]
-    fleet.manager.reap()
-    assert fleet.manager.alive(PREEMPTIBLE) == []
+    fleet.manager.table.reap()
+    assert fleet.manager.table.alive(PREEMPTIBLE) == []
     out, run = run_step(fleet)
     check_invariants(out, run, ref)
     assert run.stats.seed_s == pytest.approx(run.stats.rollout_s)  # nobody to hand off to: no switch

@@ -104,7 +104,7 @@ def test_an_instance_serving_another_model_is_refused(fleet):
     finally:
         fleet.spec = spec
     name, why = fleet.manager.pulls.stats.refused[-1]
-    assert "serves model" in why and name not in fleet.manager.workers
+    assert "serves model" in why and name not in fleet.manager.table.workers
 
 
 def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
@@ -117,7 +117,7 @@ def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
     handle = WorkerHandle("impostor", PREEMPTIBLE, actor, info.pid, info.node_id, info.max_running, info.version,
                           info.fingerprint, info.checksum)
     assert fleet.manager.add_worker(handle) is False
-    assert "impostor" not in fleet.manager.workers
+    assert "impostor" not in fleet.manager.table.workers
     assert "checksum" in fleet.manager.pulls.stats.refused[-1][1]
 
 
@@ -128,8 +128,8 @@ def test_a_noticed_preemption_wastes_no_tokens(fleet, ref):
 
     def notice(run):
         name = busiest(run)
-        victim["h"], victim["in_flight"] = fleet.manager.workers[name], run.state.holding(name)
-        fleet.manager.notice(name, 0.5)
+        victim["h"], victim["in_flight"] = fleet.manager.table.workers[name], run.state.holding(name)
+        fleet.manager.table.notice(name, 0.5)
 
     def gone(run):  # the kill comes once the notice took its samples back
         return "h" in victim and not run.state.holding(victim["h"].name)

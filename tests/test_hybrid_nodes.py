@@ -32,12 +32,12 @@ def test_removed_nodes_lose_no_sample(fleet):
 
     fleet.replenish()  # a new node joins at a step boundary
     fleet.wait_ready(timeout_s=patience(120))
-    assert len(fleet.manager.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
+    assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
     # the node goes, its worker process stays: only the cluster (the node table, or the actor's death it
     # reports) says it is gone. The worker is held still until then, so it cannot finish its share first
     # and the step always has samples to rescue from it, however fast the machine.
-    victim = sorted(fleet.manager.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
 
@@ -73,7 +73,7 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     fleet.wait_ready(timeout_s=patience(120))
     fleet.publish(fleet.weights, version=1)  # a new version every live instance pulls
     fleet.wait_ready(timeout_s=patience(120))
-    holders = {h.node_id for h in fleet.manager.alive(PREEMPTIBLE)}
+    holders = {h.node_id for h in fleet.manager.table.alive(PREEMPTIBLE)}
     assert len(holders) == 2
     refs = [b.ref for b in fleet.manifest.buckets]
     locations = ray.experimental.get_object_locations(refs)

@@ -13,7 +13,7 @@ from rlboost.engine import SamplingParams
 from rlboost.histospec.history import prompt_key
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.manager import RolloutManager
-from rlboost.hybrid.step_run import StepRun
+from rlboost.hybrid.step_run import StepPolicies, StepRun
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig
 from rlboost.rollout.colocated import ColocatedRollout
 from rlboost.rollout.sample import Group, Sample
@@ -93,7 +93,12 @@ def test_the_manager_dispatches_the_given_order_and_rejects_a_partial_one():
     manager = RolloutManager(HybridConfig())
     groups = make_groups(1, PROMPTS)
     order = ["1:3:1", "1:0:0", "1:2:0", "1:1:1", "1:3:0", "1:0:1", "1:2:1", "1:1:0"]
-    run = StepRun(manager, groups, SamplingParams(), version=0, seed_window_s=None, order=order)
-    assert list(run.state.pending) == order
+
+    def run_in(order):
+        policies = StepPolicies(manager.dispatcher, manager.balancer, order=order)
+        return StepRun(manager.table, manager.pulls, policies, manager.cfg, groups, SamplingParams(), version=0,
+                       seed_window_s=None)
+
+    assert list(run_in(order).state.pending) == order
     with pytest.raises(ValueError, match="every sample of the step exactly once"):
-        StepRun(manager, groups, SamplingParams(), version=0, seed_window_s=None, order=order[:-1])
+        run_in(order[:-1])

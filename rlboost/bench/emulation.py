@@ -388,7 +388,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))
             if k == 0:
-                memory = worker_memory([h.pid for h in rollout.manager.alive()])
+                memory = worker_memory([h.pid for h in rollout.manager.table.alive()])
             if log:
                 e = steps[-1]
                 log(f"  step {k}: {e.step_s:.2f} s wall, rollout {e.rollout_s:.2f} s, T_seed {e.seed_s:.2f} s, "
@@ -417,16 +417,13 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
     done = []
     for group in stream:
         # stream training: this group's modelled training time on the reserved GPUs, slept
-        sequences = [prompt_len + len(s.response_ids) for s in group.samples]
-        tokens = sum(sequences)
-        context = sum(s * (s - 1) / 2.0 for s in sequences) / tokens
-        seconds = train.train_s(tokens, train_gpus, context) * ts
+        seconds = train.sequences_s([prompt_len + len(s.response_ids) for s in group.samples], train_gpus) * ts
         compute += seconds
         deadline = max(deadline, time.monotonic()) + seconds
         time.sleep(max(0.0, deadline - time.monotonic()))
         done.append(group)
     trained = time.monotonic()
-    metrics = rollout.step_metrics(trained - t0)
+    metrics = rollout.finish_step(trained - t0)
     rollout.publish(new_weights, k + 1)
     end = time.monotonic()
     driver_cpu = time.process_time() - cpu0

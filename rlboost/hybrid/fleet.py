@@ -59,7 +59,7 @@ class Fleet:
         self.manifest: WeightManifest | None = None
         self.boot_failures: list[str] = []
         self._stopping = False
-        manager.on_retire = self._retire
+        manager.table.on_retire = self._retire
         if ray.is_initialized():
             raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
         if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
@@ -158,19 +158,19 @@ class Fleet:
 
     def reap(self) -> None:
         """Forget (and kill) workers the manager declared dead; their instances stop being billed."""
-        for h in self.manager.reap():
+        for h in self.manager.table.reap():
             self._ended(h.name)
 
     def replenish(self) -> int:
         """Bring the preemptible pool back to `num_preemptible` at once; returns how many joined."""
         self.reap()
-        missing = self.cfg.num_preemptible - len(self.manager.alive(PREEMPTIBLE))
+        missing = self.cfg.num_preemptible - len(self.manager.table.alive(PREEMPTIBLE))
         return len(self.start(PREEMPTIBLE, missing)) if missing > 0 else 0
 
     def killable(self) -> list[WorkerHandle]:
         """Live preemptible instances not yet killed or given back (the manager may not have noticed
         yet), by name."""
-        return sorted((h for h in self.manager.alive(PREEMPTIBLE) if h.name not in self.killed | self.released),
+        return sorted((h for h in self.manager.table.alive(PREEMPTIBLE) if h.name not in self.killed | self.released),
                       key=lambda h: h.name)
 
     def preempt(self, handle: WorkerHandle, how: str | None = None, by: str = "a hard kill") -> None:
@@ -180,7 +180,7 @@ class Fleet:
         if handle.name in self.killed:
             return  # its pid may belong to another process by now
         self.killed.add(handle.name)
-        self.manager.causes[handle.name] = f"preempted by {by}"
+        self.manager.table.causes[handle.name] = f"preempted by {by}"
         self._ended(handle.name)
         if how == "node":
             node = self.nodes.pop(handle.name, None)
@@ -198,7 +198,7 @@ class Fleet:
         if handle.name in self.killed or handle.name in self.released:
             return
         self.released.add(handle.name)
-        self.manager.release(handle.name)
+        self.manager.table.release(handle.name)
 
     def _retire(self, handle: WorkerHandle) -> None:
         """The manager's `on_retire`: the instance holds nothing any more; end it and its node."""

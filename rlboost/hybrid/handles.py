@@ -1,35 +1,16 @@
-"""The manager's view of one rollout worker across steps: its actor, its lifecycle, its weights.
+"""The manager's view of one rollout worker across steps: its actor, its standing, its weights.
 
-Contract: a `WorkerHandle` is changed only by the thread that owns the manager's state (see
-`rlboost.hybrid.manager`); other threads read it. Its `lifecycle` moves one way, except between
-SERVING and PULLING as versions are published:
-
-    JOINING --pull verified--> SERVING <--publish / pull verified--> PULLING
-       any alive state --notice--> NOTICED;  --release--> RETIRING;  --death or fence--> DEAD
+Contract: a `WorkerHandle` is changed only by the thread that owns the worker table (see
+`rlboost.hybrid.worker_table`); other threads read it. Its `state` is the one worker-state enum the
+step uses too (`rlboost.rollout.step_data.WorkerState`, whose docstring draws the transitions).
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
 from rlboost.policies.profile import ThroughputProfile
-from rlboost.rollout.step_state import PREEMPTIBLE, RESERVED
-
-
-class Lifecycle(enum.Enum):
-    JOINING = "joining"
-    """Admitted, pulling its first weights: it has served nothing yet."""
-    SERVING = "serving"
-    """Holds the version to serve."""
-    PULLING = "pulling"
-    """Holds an older version and pulls the current one."""
-    NOTICED = "noticed"
-    """A preemption notice came: no more work, its samples are taken back before the kill."""
-    RETIRING = "retiring"
-    """Being given back (beyond the instance cap): no more work, ended once it holds nothing."""
-    DEAD = "dead"
-    """Declared dead (fenced): whatever it still sends is dropped."""
+from rlboost.rollout.step_data import PREEMPTIBLE, RESERVED, WorkerState
 
 
 @dataclass
@@ -56,7 +37,7 @@ class WorkerHandle:
     checksum: str = ""
     launched: float = 0.0
     """Monotonic time the instance was asked for: provisioning runs from here to its first verified pull."""
-    lifecycle: Lifecycle = Lifecycle.JOINING
+    state: WorkerState = WorkerState.JOINING
     ready: float | None = None
     """When it first held the current weights."""
     pull: Call | None = None
@@ -78,12 +59,12 @@ class WorkerHandle:
 
     @property
     def alive(self) -> bool:
-        return self.lifecycle is not Lifecycle.DEAD
+        return self.state.alive
 
     @property
     def draining(self) -> bool:
         """Noticed or being given back: it gets no more work."""
-        return self.lifecycle in (Lifecycle.NOTICED, Lifecycle.RETIRING)
+        return self.state.draining
 
 
 def first_line(e: BaseException) -> str:
@@ -95,4 +76,4 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-__all__ = ["PREEMPTIBLE", "RESERVED", "Call", "Lifecycle", "WorkerHandle", "first_line"]
+__all__ = ["PREEMPTIBLE", "RESERVED", "Call", "WorkerHandle", "WorkerState", "first_line"]

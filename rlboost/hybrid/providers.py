@@ -105,7 +105,7 @@ class TraceProvider(Provider):
         running = {h.name: h for h in self.running()}
         actions = self.replay.step(now_s, sorted(running), self.fleet.starting, self.cap)
         for name, kill_at in actions.notify:
-            self.fleet.manager.notice(name, max(0.0, kill_at - now_s))
+            self.fleet.manager.table.notice(name, max(0.0, kill_at - now_s))
             self.notices += 1
             self.events.append((now_s, "notice", name))
         for name in actions.kill:

@@ -5,7 +5,7 @@ Contract: `publish(manifest)` makes a version the one to serve; `start(handle)` 
 worker that does not hold it (one pull per worker at a time); `poll(handles, now)` collects finished
 pulls and returns what they mean: a worker now `ready` at the current version, or one to declare
 `dead` (it died during the pull, failed it more than `retries` times, hung past the timeout, or serves
-weights that fail the store's checksum). A failed pull is retried by the next `start`. A worker joins
+weights that fail the store's checksum); `settle(table, now)` polls and tells the worker table. A failed pull is retried by the next `start`. A worker joins
 the dispatch only once it reports exactly the current version with the store's checksum: a torn or
 foreign version is never served. `refusal(handle)` says why a new worker cannot be admitted at all.
 Runs in the thread that owns the manager's state; the Ray calls are non-blocking.
@@ -14,10 +14,14 @@ Runs in the thread that owns the manager's state; the Ray calls are non-blocking
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rlboost.run_log import event
-from rlboost.hybrid.handles import PREEMPTIBLE, Call, Lifecycle, WorkerHandle, first_line
+from rlboost.hybrid.handles import PREEMPTIBLE, Call, WorkerHandle, WorkerState, first_line
 from rlboost.hybrid.wire import PullResult, WeightManifest
+
+if TYPE_CHECKING:
+    from rlboost.hybrid.worker_table import WorkerTable
 
 
 @dataclass
@@ -77,8 +81,8 @@ class PullTracker:
         if m is None or h.pull is not None or not h.alive or h.version == m.version:
             return
         h.pull = Call(h.actor.pull.remote(m, self.timeout_s), now, m.version)
-        if h.lifecycle is Lifecycle.SERVING:
-            h.lifecycle = Lifecycle.PULLING
+        if h.state is WorkerState.SERVING:
+            h.state = WorkerState.PULLING
 
     def pulling_since(self, h: WorkerHandle, version: int) -> float | None:
         """When `h` started pulling `version`, if it is pulling it."""
@@ -120,6 +124,15 @@ class PullTracker:
                 self.start(h, now)
         return events
 
+    def settle(self, table: WorkerTable, now: float) -> None:
+        """Poll the table's live workers' pulls: the ready ones are reported to the table's listener,
+        the failed ones declared dead."""
+        for e in self.poll(table.alive(), now):
+            if e.ready:
+                table.ready(e.handle, e.seconds, now)
+            else:
+                table.declare_dead(e.handle, e.reason, now)
+
     def _verified(self, h: WorkerHandle, result: PullResult, now: float) -> PullEvent | None:
         m = self.manifest
         if result.version == m.version and result.checksum != m.checksum:
@@ -137,8 +150,8 @@ class PullTracker:
                 self.stats.provision_s.append(now - h.launched)
                 event("instance %s joined: weights v%d pulled in %.1f s, serving %.1f s after its launch",
                       h.name, h.version, result.seconds, now - h.launched)
-        if h.lifecycle in (Lifecycle.JOINING, Lifecycle.PULLING):
-            h.lifecycle = Lifecycle.SERVING
+        if h.state in (WorkerState.JOINING, WorkerState.PULLING):
+            h.state = WorkerState.SERVING
         return PullEvent(h, True, seconds=result.seconds)
 
 

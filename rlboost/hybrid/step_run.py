@@ -8,9 +8,10 @@ observations, abort answers into exact partial outputs, deaths from streams, liv
 (seeding hand-off, fallback, dispatch, balancing, which samples move, waste, group completion) is the
 StepState's, the same code the simulator plays.
 
-Its loop runs in a thread of its own and owns the manager's workers until the step ends. The step's
-timings (`stats`) are final when the last group is handed out; `wait()` joins the thread (its CPU time,
-`loop_cpu_s`, is written as it ends). A failure stops the loop and is re-raised by `groups()`.
+Its loop runs in a thread of its own, owns the worker table until the step ends and listens to it
+(`rlboost.hybrid.worker_table.Membership`): joins, verified pulls, notices, releases and deaths become
+StepState events. A failure stops the loop and is re-raised by `groups()`. Once the trainer is done,
+`finish(end)` returns the step as a value, a frozen `StepReport`: what the rest of the run reads.
 """
 
 from __future__ import annotations
@@ -22,14 +23,20 @@ import time
 from collections.abc import Callable, Iterator
 
 from rlboost.engine.sampling_params import SamplingParams
-from rlboost.hybrid.handles import Lifecycle, WorkerHandle, first_line
+from rlboost.hybrid.config import HybridConfig
+from rlboost.hybrid.handles import WorkerHandle, WorkerState, first_line
 from rlboost.hybrid.liveness import Liveness
+from rlboost.hybrid.pulls import PullTracker
+from rlboost.hybrid.step_report import StepReport
 from rlboost.hybrid.streams import ReportReader, TurnPacer
 from rlboost.hybrid.wire import WorkerReport
+from rlboost.hybrid.worker_table import WorkerTable, describe
+from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.policies.handoff import StepOutlook
-from rlboost.rollout.sample import Group
+from rlboost.rollout.sample import Group, RolloutProgress
 from rlboost.rollout.step_state import (Abort, GroupDone, Partial, ReleaseReserved, Retire, StepConfig, StepState,
                                         StepStats, Submit)
+from rlboost.run_log import event
 
 POLL_S = 0.02
 """Longest wait for a report when nothing is ready: the loop's other checks run at least this often."""
@@ -41,24 +48,40 @@ costs O(workers); the timeouts they enforce are seconds, and 100 ms delays a ver
 first dispatch, by about one report interval. Inbox messages are applied on every turn."""
 
 
+@dataclasses.dataclass(frozen=True)
+class StepPolicies:
+    """What decides the step: the run's dispatch policies and this step's inputs to them."""
+
+    dispatcher: JSQDispatcher
+    balancer: Balancer
+    order: list[str] | None = None
+    """Every uid once, in dispatch order (HistoPipe's); None: the groups' order."""
+    overruns: Callable[[dict[str, int]], list[str]] | None = None
+    """uid -> tokens so far => the uids far past their history (HistoPipe's), moved first."""
+    outlook: StepOutlook | None = None
+    """The offload controller's, for the no-regret hand-off (None: at the window's end)."""
+
+
 class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
-    def __init__(self, manager, groups: list[Group], params: SamplingParams, version: int,
-                 seed_window_s: float | None, order: list[str] | None = None,
-                 overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                 history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None):
-        self.m, self.cfg = manager, manager.cfg
+    def __init__(self, table: WorkerTable, pulls: PullTracker, policies: StepPolicies, cfg: HybridConfig,
+                 groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
+                 history: Callable[[list[int]], list[list[int]]] | None = None):
+        """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends."""
+        self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
         self.groups_by_index = {g.index: g for g in groups}
         self.t0 = time.monotonic()
         self.state = StepState(
             [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,
-            seed_window_s=seed_window_s, now=self.t0, dispatcher=manager.dispatcher, balancer=manager.balancer,
-            config=StepConfig(share_with_pulling=self.cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S),
-            order=order, overruns=overruns, progress=self._progress, longest_pull_s=manager.pulls.longest_s,
-            outlook=outlook)
+            seed_window_s=seed_window_s, now=self.t0, dispatcher=policies.dispatcher, balancer=policies.balancer,
+            config=StepConfig(share_with_pulling=cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S),
+            order=policies.order, overruns=policies.overruns, progress=self._progress,
+            longest_pull_s=pulls.longest_s, outlook=policies.outlook)
         self.training_may_start = threading.Event()
+        self.released_at: float | None = None
+        """When the reserved resources became the trainer's (monotonic)."""
         self.trainer_wait_s = 0.0
         self.loop_cpu_s = 0.0
         """CPU seconds the loop thread used for the step: the manager's own overhead."""
@@ -74,10 +97,11 @@ class StepRun:
         self._next_housekeeping = 0.0
         self._cancelled = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
-        for h in manager.alive():
+        for h in table.alive():
             # nobody reads the streams between steps: silence is measured from the step's start
             h.last_report = max(h.last_report, self.t0)
-            self.joined(h)
+            self.joined(h, self.t0)
+        table.listen(self)
 
     # ---- the trainer's side --------------------------------------------------------------------------
 
@@ -88,6 +112,30 @@ class StepRun:
     @property
     def tracked(self):
         return self.state.tracked
+
+    def finish(self, end: float) -> StepReport:
+        """The step as a value, its training having ended at `end` (monotonic): waits for the loop
+        thread (the trainer may stop reading right after the last group), then takes what the pulls and
+        the deaths between steps (since the last report) add."""
+        self.thread.join()
+        state = self.state
+        remote_s, wait_remote_s = state.remote_timings(end=end)
+        return StepReport(
+            stats=state.stats, samples=len(state.tracked),
+            response_tokens=sum(track.tokens for track in state.tracked.values()),
+            t0=self.t0, released_s=(self.released_at or end) - self.t0, trainer_wait_s=self.trainer_wait_s,
+            remote_s=remote_s, wait_remote_s=wait_remote_s, loop_cpu_s=self.loop_cpu_s, reports=self.reports,
+            pulls=self.pulls.take_stats(), deaths_between_steps=tuple(self.table.between_steps.take()))
+
+    def live(self, training: bool, instances: tuple[int, int, int]) -> RolloutProgress:
+        """The step now, read from another thread (counters and snapshots only). `instances`: (serving,
+        pulling, booting)."""
+        state = self.state
+        phase = "done" if state.done else "generating" if not training else \
+            "seeding" if state.seeding else "offloaded"
+        return RolloutProgress(phase, state.num_finished, len(state.tracked),
+                               sum(list(state.stats.tokens_by_kind.values())), time.monotonic() - self.t0,
+                               state.stats.wasted_tokens, instances)
 
     def groups(self) -> Iterator[Group]:
         """Finished groups in completion order, released once the reserved resources are free to
@@ -113,27 +161,49 @@ class StepRun:
         if self.thread.is_alive():
             self.thread.join()
 
-    # ---- events from the manager ---------------------------------------------------------------------
+    # ---- the worker table's events (Membership) ------------------------------------------------------
 
-    def joined(self, h: WorkerHandle) -> None:
-        """`h` takes part in the step: serving its version, or pulling it."""
+    def joined(self, h: WorkerHandle, now: float) -> None:
+        """`h` takes part in the step: serving its version, pulling it, or draining."""
         state = self.state
         if h.name in state.workers or not h.alive:
             return
-        serving = h.version == self.version and h.lifecycle is not Lifecycle.JOINING
-        state.join(h.name, h.kind, h.max_running, h.profile, serving=serving,
-                   pulling_since=None if serving else self.m.pulls.pulling_since(h, self.version))
-        if h.lifecycle is Lifecycle.NOTICED:
-            state.notice(h.name, time.monotonic())
-        elif h.lifecycle is Lifecycle.RETIRING:
-            state.retire(h.name, time.monotonic())
+        serving = h.version == self.version and h.state is not WorkerState.JOINING
+        standing = h.state if h.draining else WorkerState.SERVING if serving else WorkerState.PULLING
+        state.join(h.name, h.kind, h.max_running, h.profile, state=standing,
+                   pulling_since=None if serving else self.pulls.pulling_since(h, self.version))
 
-    def ready(self, h: WorkerHandle, pull_s: float) -> None:
+    def ready(self, h: WorkerHandle, pull_s: float, now: float) -> None:
         """`h` verified the current version."""
         if h.name not in self.state.workers:
-            self.joined(h)
+            self.joined(h, now)
         elif h.version == self.version:
-            self.state.ready(h.name, time.monotonic(), pull_s)
+            self.state.ready(h.name, now, pull_s)
+
+    def noticed(self, h: WorkerHandle, now: float) -> None:
+        self.state.notice(h.name, now)
+
+    def retiring(self, h: WorkerHandle, now: float) -> None:
+        self.state.retire(h.name, now)  # the step gives it back once it holds nothing
+
+    def dying(self, h: WorkerHandle, now: float) -> None:
+        """Apply the reports `h` sent that are not read yet: its death is about to be declared by other
+        means than its stream, and the tokens that reached the manager before it are not lost (after
+        it, it is fenced). A turn may be up to MAX_TURN_S away: a fast engine streams several reports
+        in that time."""
+        for _, report, _ in self._reader.drain(h):
+            if report is not None:  # a failure: the stream is closed; the death is being declared anyway
+                self.reports += 1
+                self._on_report(h, report, now)
+
+    def died(self, h: WorkerHandle, reason: str, cause: str, now: float) -> None:
+        state = self.state
+        worker = state.workers.get(h.name)
+        held, wasted = (len(worker.assigned) if worker is not None else 0), state.stats.wasted_tokens
+        state.dead(h.name, reason, now, h.released)
+        if not h.released:
+            event("%s %s %s: %d samples migrated, %d tokens lost", describe(h), h.name, cause, held,
+                  state.stats.wasted_tokens - wasted)
 
     # ---- the loop ------------------------------------------------------------------------------------
 
@@ -146,7 +216,7 @@ class StepRun:
                     raise RuntimeError("rollout cancelled")
                 turn_cpu = time.thread_time()
                 now = time.monotonic()
-                self.m.apply_inbox(now)
+                self.table.apply_inbox(now)
                 if now >= self._next_housekeeping:
                     self._next_housekeeping = now + HOUSEKEEPING_S
                     self._housekeeping(now)
@@ -160,36 +230,27 @@ class StepRun:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
             self._out.put(e)
         finally:
-            self.training_may_start.set()
-            self.m.run = None
-            self.m.owner.release()
+            self._release_reserved()
+            self.table.listen(None)
+            self.table.owner.release()
             self.loop_cpu_s = time.thread_time() - cpu0
 
     def _housekeeping(self, now: float) -> None:
-        m = self.m
-        for h, reason in self._liveness.check(m.alive(), now):
-            m.declare_dead(h, reason, now)
-        m._poll_pulls(now)
+        table = self.table
+        for h, reason in self._liveness.check(table.alive(), now):
+            table.declare_dead(h, reason, now)
+        self.pulls.settle(table, now)
         for ref, (_, h, sent) in list(self._aborts.items()):
             if now - sent > self.cfg.call_timeout_s:
-                m.declare_dead(h, f"no answer to an abort in {self.cfg.call_timeout_s}s (rollout.hybrid.call_timeout_s)",
+                table.declare_dead(h, f"no answer to an abort in {self.cfg.call_timeout_s}s (rollout.hybrid.call_timeout_s)",
                                now)
 
     def _receive(self) -> None:
-        for h, report, failure in self._reader.receive(self.m.handles(), POLL_S):
+        for h, report, failure in self._reader.receive(self.table.handles(), POLL_S):
             now = time.monotonic()
             if failure is not None:
-                self.m.declare_dead(h, failure, now)
+                self.table.declare_dead(h, failure, now)
             else:
-                self.reports += 1
-                self._on_report(h, report, now)
-
-    def drain(self, h: WorkerHandle, now: float) -> None:
-        """Apply the reports `h` sent that are not read yet: its death is about to be declared by other
-        means than its stream, and the tokens that reached the manager before it are not lost. (A turn
-        may be up to MAX_TURN_S away: a fast engine streams several reports in that time.)"""
-        for _, report, _ in self._reader.drain(h):
-            if report is not None:  # a failure: the stream is closed; the death is being declared anyway
                 self.reports += 1
                 self._on_report(h, report, now)
 
@@ -206,7 +267,7 @@ class StepRun:
 
     def _progress(self, name: str) -> dict[str, int]:
         """The StepState's `progress`: what the worker's last report said each request had generated."""
-        h = self.m.workers.get(name)
+        h = self.table.get(name)
         return h.generated if h is not None else {}
 
     def _collect_answers(self) -> None:
@@ -227,7 +288,7 @@ class StepRun:
             try:
                 partials = ray.get(ref)
             except ray.exceptions.RayError as e:
-                self.m.declare_dead(h, f"abort failed: {first_line(e)}", now)
+                self.table.declare_dead(h, f"abort failed: {first_line(e)}", now)
                 continue
             self.state.aborted(abort_id, {rid: Partial(len(p.token_ids), p.weight_version, p.token_ids, p.logprobs)
                                           for rid, p in partials.items()}, now)
@@ -251,7 +312,7 @@ class StepRun:
             try:
                 ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                self.m.declare_dead(h, f"it died: {first_line(e)}", time.monotonic())
+                self.table.declare_dead(h, f"it died: {first_line(e)}", time.monotonic())
             except ray.exceptions.RayTaskError as e:  # the engine refused a request: a bug, not a death
                 raise RuntimeError(f"rollout worker {h.name} rejected a submission: {e}") from e
 
@@ -262,18 +323,23 @@ class StepRun:
             if isinstance(command, Submit):
                 self._submit(command)
             elif isinstance(command, Abort):
-                h = self.m.workers[command.worker]
+                h = self.table.get(command.worker)
                 ref = h.actor.abort.remote(command.request_ids, command.then_sleep)
                 self._aborts[ref] = (command.id, h, time.monotonic())
             elif isinstance(command, GroupDone):
                 self._out.put(self.groups_by_index[command.group])
             elif isinstance(command, ReleaseReserved):
-                self.training_may_start.set()
+                self._release_reserved()
             elif isinstance(command, Retire):
-                self.m.retire(self.m.workers[command.worker], time.monotonic())
+                self.table.retire(self.table.get(command.worker), time.monotonic())
+
+    def _release_reserved(self) -> None:
+        if not self.training_may_start.is_set():
+            self.released_at = time.monotonic()
+            self.training_may_start.set()
 
     def _submit(self, command: Submit) -> None:
-        h = self.m.workers[command.worker]
+        h = self.table.get(command.worker)
         requests = []
         for r in command.requests:
             sample = self.state.tracked[r.uid].sample
@@ -296,4 +362,4 @@ class StepRun:
         return out or None
 
 
-__all__ = ["HOUSEKEEPING_S", "POLL_S", "SHARE_GRACE_S", "StepRun"]
+__all__ = ["HOUSEKEEPING_S", "POLL_S", "SHARE_GRACE_S", "StepPolicies", "StepRun"]

@@ -87,10 +87,11 @@ class RolloutBackend(Protocol):
     def publish(self, weights, version: int) -> None:
         """Serve `weights` as `version` from now on (called between steps)."""
 
-    def step_metrics(self, train_s: float) -> dict[str, float]:
-        """Backend-specific metrics of the last training step (e.g. spot/*, migration/*). `train_s`:
-        the trainer's wall time from the release of the reserved resources to its last update (the
-        offload controller needs it)."""
+    def finish_step(self, train_s: float) -> dict[str, float]:
+        """Close the last training step (the hybrid backend's offload loop learns from it) and return
+        its metrics: `timing_s/gen` and `timing_s/update_actor` always, backend-specific ones besides
+        (spot/*, migration/*, ...). `train_s`: the trainer's wall time from the return of `generate` to
+        its last update (scoring excluded)."""
 
     def state_dict(self) -> dict:
         """What a checkpoint must keep for the run to resume exactly (e.g. HistoSpec's history)."""
@@ -116,20 +117,24 @@ class ColocatedRollout:
         self._to_remember: list[Group] = []
         self._live: tuple[int, float, _Counts] | None = None
         """(samples, start, counts) of the generation under way."""
+        self._gen_s = 0.0
+        """How long the last `generate` took."""
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
         """Every group of the step, in completion order; all generated before the first is handed out."""
         if self.engine.weight_version != version:
             raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
         order = dispatch_order(self.histopipe, groups, version) if training and self.histopipe else None
+        t0 = time.monotonic()
         self.engine.wake()
         counts = _Counts()
-        self._live = (sum(len(g.samples) for g in groups), time.monotonic(), counts)
+        self._live = (sum(len(g.samples) for g in groups), t0, counts)
         try:
             done = list(run_colocated(self.engine, groups, params, order, counts))
         finally:
             self._live = None
         self.engine.sleep()
+        self._gen_s = time.monotonic() - t0
         if training:
             self._to_remember = done
         return iter(done)
@@ -144,11 +149,10 @@ class ColocatedRollout:
             self.engine.drafter.invalidate()
         self._to_remember = []
 
-    def step_metrics(self, train_s: float) -> dict[str, float]:
+    def finish_step(self, train_s: float) -> dict[str, float]:
         stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
-        if self.history is None:
-            return {}
-        return spec_metrics(stats, len(self.history))
+        metrics = {"timing_s/gen": self._gen_s, "timing_s/update_actor": train_s}
+        return metrics | (spec_metrics(stats, len(self.history)) if self.history is not None else {})
 
     def state_dict(self) -> dict:
         state = {"history": self.history.state_dict()} if self.history is not None else {}

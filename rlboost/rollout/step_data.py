@@ -7,9 +7,10 @@ from __future__ import annotations
 import enum
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rlboost.policies.dispatch import WorkerLoad
 from rlboost.policies.profile import ThroughputProfile
 
 RESERVED, PREEMPTIBLE = "reserved", "preemptible"
@@ -26,18 +27,38 @@ class SampleState(enum.Enum):
     FINISHED = "finished"
 
 
-class WorkerStatus(enum.Enum):
-    """A worker's standing in the step. Only SERVING workers take work (reserved ones while they
-    accept it: before the seeding hand-off, or after a fallback)."""
+class WorkerState(enum.Enum):
+    """A worker's standing: the one enum of the runtime's worker table (`rlboost.hybrid.handles`) and of
+    the step's view (`Worker.status`). It moves one way, except between SERVING and PULLING as versions
+    are published:
 
+        JOINING --pull verified--> SERVING <--publish / pull verified--> PULLING
+           any alive state --notice--> NOTICED;  --release--> RETIRING;  --death or fence--> DEAD
+
+    Only SERVING workers take work (reserved ones while they accept it: before the seeding hand-off,
+    or after a fallback)."""
+
+    JOINING = "joining"
+    """Admitted, pulling its first weights: it has served nothing yet (to a step, a PULLING worker)."""
     PULLING = "pulling"
     """Not at the step's weight version yet."""
     SERVING = "serving"
     """Holds the step's version."""
-    DRAINING = "draining"
-    """Noticed, or being retired: no more work; what it holds is being taken back."""
+    NOTICED = "noticed"
+    """A preemption notice came: no more work; what it holds is taken back before the kill."""
+    RETIRING = "retiring"
+    """Being given back (beyond the instance cap): no more work; ended once it holds nothing."""
     DEAD = "dead"
     """Declared dead (fenced): whatever it still sends is dropped."""
+
+    @property
+    def alive(self) -> bool:
+        return self is not WorkerState.DEAD
+
+    @property
+    def draining(self) -> bool:
+        """Noticed or being given back: it gets no more work."""
+        return self in (WorkerState.NOTICED, WorkerState.RETIRING)
 
 
 @dataclass
@@ -139,13 +160,14 @@ class Worker:
     max_running: int
     profile: ThroughputProfile
     """Its decode throughput by batch size (kept by the shell across steps; the balancer reads B)."""
-    status: WorkerStatus = WorkerStatus.SERVING
+    status: WorkerState = WorkerState.SERVING
+    """Never JOINING: to the step a worker pulling its first weights is PULLING."""
     accepting: bool = True
     """Reserved workers: False from the seeding hand-off until a fallback."""
     pull_since: float | None = None
     """When it started pulling the step's version (PULLING workers; None: not pulling it)."""
-    retiring: bool = False
     retired: bool = False
+    """A RETIRING worker was found empty and `Retire` issued."""
     assigned: set[str] = field(default_factory=set)
     """Uids of the samples it runs or queues."""
     last_finish: float | None = None
@@ -159,7 +181,7 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return self.status is not WorkerStatus.DEAD
+        return self.status.alive
 
     @property
     def running(self) -> int:
@@ -169,6 +191,22 @@ class Worker:
     @property
     def pending(self) -> int:
         return max(len(self.assigned) - self.max_running, 0)
+
+    def load(self) -> WorkerLoad:
+        """What the dispatcher and the balancer see of it."""
+        return WorkerLoad(self.name, self.running, self.pending, self.max_running)
+
+    def holding_changed(self, now: float) -> None:
+        """Keep `busy_s` after a change of what it holds."""
+        if self.assigned and self.busy_since is None:
+            self.busy_since = now
+        elif not self.assigned and self.busy_since is not None:
+            self.busy_s += now - self.busy_since
+            self.busy_since = None
+
+    def busy_until(self, now: float) -> float:
+        """Seconds it held samples this step, up to `now`."""
+        return self.busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 
 @dataclass
@@ -242,6 +280,29 @@ class StepStats:
     """At the end of the window instances served the step, but handing them the rest would not have
     ended it sooner (`rlboost.policies.handoff`): the hand-off came later (`seed_s`) or never."""
 
+    def close(self, workers: Iterable[Worker], rollout_s: float, seeded_all: bool, now: float) -> None:
+        """The step's last sample finished `rollout_s` after its start, at `now`: its timings are final.
+        `seeded_all`: no hand-off happened, the reserved workers generated it all."""
+        self.rollout_s = rollout_s
+        if seeded_all:
+            self.seed_s = rollout_s
+        workers = list(workers)
+        # the tail: from the first to the last worker done, among those that generated to the end: the
+        # instances, or the reserved workers when none was there
+        finishers = ([w for w in workers if w.kind == PREEMPTIBLE and w.alive]
+                     or [w for w in workers if w.kind == RESERVED and w.alive])
+        done = [w.last_finish for w in finishers if w.last_finish is not None and w.tokens > 0]
+        self.tail_s = max(done) - min(done) if done else 0.0
+        for w in workers:
+            self.busy_s_by_kind[w.kind] += w.busy_until(now)
+
+    def remote_timings(self, t0: float, end: float) -> tuple[float, float]:
+        """(t_remote, t_wait_remote) of a closed step that started at `t0` and whose training ended at
+        `end` (`StepState.remote_timings`)."""
+        remote = self.rollout_s - self.remote_start_s if self.remote_start_s is not None else 0.0
+        waited = max(0.0, end - (t0 + self.rollout_s)) if self.tokens_by_kind[PREEMPTIBLE] > 0 else 0.0
+        return remote, waited
+
     def worker_tokens_per_s(self, kind: str) -> float:
         """A worker's sustained decode rate in the step: its kind's tokens over the seconds its kind
         held samples (NaN: none of that kind held any)."""
@@ -258,4 +319,4 @@ class StepStats:
 
 __all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "PendingAbort",
            "ReleaseReserved", "Request", "Retire", "SampleState", "StepConfig", "StepError", "StepStats", "Submit",
-           "Tracked", "Worker", "WorkerStatus"]
+           "Tracked", "Worker", "WorkerState"]

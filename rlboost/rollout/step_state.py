@@ -23,10 +23,8 @@ Contract:
   the tokens a death wastes.
 
 Invariants enforced here (DESIGN.md section 3), each raising `StepError` when input breaks it:
-1. on-policy: tokens of another weight version are refused;
-2. exactly once: a sample finishes once; a chunk that leaves a gap or repeats tokens is refused;
-3. exact continuation: an attempt starts from the tokens held, and an abort's partial output must
-   extend what was streamed;
+1-3. on-policy, exactly once, exact continuation: every token that comes in passes the checks of the
+   step's `SampleLedger` (rlboost.rollout.sample_ledger), which records where each sample stands;
 4. waste: what a dead worker generated beyond what it streamed is counted (`StepStats.wasted_tokens`);
 6. fencing: a worker declared dead never contributes again (its chunks are counted and dropped);
 7. liveness: with samples left and no worker able to take them, the step fails naming every death.
@@ -45,7 +43,9 @@ from rlboost.policies.handoff import StepOutlook, workers_should_hand_off
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort, Command, GroupDone, Partial,
                                        PendingAbort, ReleaseReserved, Request, Retire, SampleState, StepConfig,
-                                       StepError, StepStats, Submit, Tracked, Worker, WorkerStatus)
+                                       StepError, StepStats, Submit, Tracked, Worker, WorkerState)
+from rlboost.rollout.sample_ledger import SampleLedger
+from rlboost.rollout.step_gates import DecisionGates
 
 
 class StepState:
@@ -71,16 +71,8 @@ class StepState:
         self.version = version
         self.dispatcher, self.balancer = dispatcher, balancer
         self.overruns, self.progress = overruns, progress
-        self.tracked: dict[str, Tracked] = {}
-        self.remaining: dict[int, int] = {}
-        for uid, group, sample in samples:
-            if uid in self.tracked:
-                raise ValueError(f"sample uid {uid!r} appears twice in the step")
-            self.tracked[uid] = Tracked(uid, group, sample, tokens=len(sample.response_ids) if sample else 0)
-            self.remaining[group] = self.remaining.get(group, 0) + 1
-        if order is not None and (len(order) != len(self.tracked) or set(order) != self.tracked.keys()):
-            raise ValueError("a dispatch order must name every sample of the step exactly once")
-        self.pending: deque[str] = deque(self.tracked if order is None else order)
+        self.ledger = SampleLedger(samples, version, order)
+        self.tracked: dict[str, Tracked] = self.ledger.tracked
         self.workers: dict[str, Worker] = {}
         self.stats = StepStats()
         self.t0 = self.now = now
@@ -90,49 +82,38 @@ class StepState:
         self._handoff_check_at = self.deadline
         """When the hand-off is weighed next (the window's end, then every handoff_check_s)."""
         self.longest_pull_s = longest_pull_s
-        self.num_finished = 0
         self.done = not self.tracked
         self._released = False
         self._commands: list[Command] = []
-        self._running: dict[str, Tracked] = {}
-        """Request id -> the sample of every attempt running now (any other request id is stale)."""
         self._aborts: dict[int, PendingAbort] = {}
         self._handoffs: set[int] = set()
         self._abort_ids = itertools.count(1)
-        self._changes = 0
-        """Bumped whenever what the dispatcher or the balancer would decide may have changed: a worker's
-        status, acceptance or samples."""
-        self._members = 0
-        """Bumped whenever who may take work changes (a worker's status or acceptance)."""
-        self._incoming_cache: tuple[int, float, list[WorkerLoad]] | None = None
-        """(members, the earliest pull start among them, the workers owed a share)."""
-        self._dispatch_idle_at: tuple | None = None
-        """The inputs at which JSQ placed nothing: until they move, every pending sample fits nowhere."""
-        self._balanced_at: tuple | None = None
-        """The inputs at which the balancer found no move."""
-        self._unbalanceable_at: int | None = None
-        """The changes at which the loads allowed no move whatever the plateaus."""
-        self._eligible_cache: tuple[int, list[Worker]] | None = None
+        self._gates = DecisionGates()
+        self._changed = self._gates.changed
 
     # ---- events: workers -----------------------------------------------------------------------------
 
     def join(self, name: str, kind: str, max_running: int, profile: ThroughputProfile | None = None, *,
-             serving: bool, pulling_since: float | None = None) -> None:
-        """A worker takes part: at the step's start, or joining mid-step. `serving`: it holds the step's
-        version; otherwise it is pulling (it may be owed a share while `pulling_since` is recent)."""
+             state: WorkerState = WorkerState.SERVING, pulling_since: float | None = None) -> None:
+        """A worker takes part: at the step's start, or joining mid-step, in `state`: SERVING (it holds
+        the step's version), JOINING or PULLING (it may be owed a share while `pulling_since` is
+        recent), NOTICED or RETIRING (it gets no work; a retiring one is given back at once)."""
         if name in self.workers:
             raise ValueError(f"worker {name!r} joined the step twice")
         if kind not in (RESERVED, PREEMPTIBLE):
             raise ValueError(f"worker {name!r}: kind must be {RESERVED} or {PREEMPTIBLE}, got {kind!r}")
-        self.workers[name] = Worker(name, kind, max_running, profile or ThroughputProfile(),
-                                    WorkerStatus.SERVING if serving else WorkerStatus.PULLING,
-                                    pull_since=None if serving else pulling_since)
+        if not state.alive:
+            raise ValueError(f"worker {name!r} cannot join the step dead")
+        state = WorkerState.PULLING if state is WorkerState.JOINING else state
+        self.workers[name] = w = Worker(name, kind, max_running, profile or ThroughputProfile(), state,
+                                        pull_since=pulling_since if state is WorkerState.PULLING else None)
         self._changed(members=True)
+        self._retire_if_empty(w)
 
     def pulling(self, name: str, since: float) -> None:
         """The worker started pulling the step's version at `since`."""
         w = self.workers[name]
-        if w.status is WorkerStatus.PULLING:
+        if w.status is WorkerState.PULLING:
             w.pull_since = since
             self._changed(members=True)  # who is owed a share
 
@@ -142,17 +123,17 @@ class StepState:
         if pull_s is not None:
             self.longest_pull_s = max(self.longest_pull_s, pull_s)
         w = self.workers[name]
-        if w.status is WorkerStatus.PULLING:
-            w.status, w.pull_since = WorkerStatus.SERVING, None
+        if w.status is WorkerState.PULLING:
+            w.status, w.pull_since = WorkerState.SERVING, None
             self._changed(members=True)
 
     def notice(self, name: str, now: float) -> None:
         """A preemption notice: no more work, and what it holds is taken back before the kill."""
         self.now = now
         w = self.workers.get(name)
-        if w is None or not w.alive or w.status is WorkerStatus.DRAINING:
+        if w is None or not w.alive or w.status.draining:
             return
-        w.status = WorkerStatus.DRAINING
+        w.status = WorkerState.NOTICED
         self._changed(members=True)
         if w.assigned:
             self._take_back(w, sorted(w.assigned), "noticed")
@@ -162,11 +143,10 @@ class StepState:
         once it holds nothing, so the end loses no token."""
         self.now = now
         w = self.workers.get(name)
-        if w is None or not w.alive or w.retiring:
+        if w is None or not w.alive or w.status is WorkerState.RETIRING:
             return
-        w.retiring = True
-        if w.status is not WorkerStatus.DRAINING:
-            w.status = WorkerStatus.DRAINING
+        was_draining, w.status = w.status.draining, WorkerState.RETIRING
+        if not was_draining:
             self._changed(members=True)
             if w.assigned:
                 self._take_back(w, sorted(w.assigned), "released")
@@ -180,7 +160,7 @@ class StepState:
         if w is None or not w.alive:
             return
         stats = self.stats
-        w.status = WorkerStatus.DEAD
+        w.status = WorkerState.DEAD
         self._changed(members=True)
         stats.deaths.append((now - self.t0, name, reason))
         if w.kind == PREEMPTIBLE and not released:
@@ -191,13 +171,13 @@ class StepState:
             track = self.tracked[uid]
             received = track.tokens - track.base
             stats.wasted_tokens += max(0, progress.get(track.request_id, received) - received)
-            if self.config.migration == "recompute":
+            recompute = self.config.migration == "recompute"
+            if recompute:
                 stats.recomputed_tokens += track.tokens
-                self._forget_tokens(track)
-            self._requeue(track)
+            self.ledger.requeue(track, forget_tokens=recompute)
             stats.migrated["preempted"] += 1
         w.assigned.clear()
-        self._busy(w)
+        w.holding_changed(self.now)
         for aid in [aid for aid, pa in self._aborts.items() if pa.worker == name]:
             del self._aborts[aid]  # its samples are back already; the answer no longer matters
             self._handoffs.discard(aid)
@@ -217,19 +197,14 @@ class StepState:
         The runtime passes the tokens themselves; the simulator only the count."""
         w = self.workers.get(worker)
         stats = self.stats
-        if w is None or w.status is WorkerStatus.DEAD:
+        if w is None or not w.alive:
             stats.fenced_tokens_dropped += count
             return
-        track = self._running.get(request_id)
-        if track is None or track.worker != worker:
+        track = self.ledger.attempt(request_id, worker)
+        if track is None:
             stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
             return
-        if version != self.version:
-            raise StepError(f"sample {track.uid}: tokens of weight version {version} in a step at version "
-                            f"{self.version}")
-        if track.base + offset != track.tokens:
-            raise StepError(f"sample {track.uid}: chunk at response offset {track.base + offset} but {track.tokens} "
-                            "tokens received (a gap or a duplicate)")
+        self.ledger.check_chunk(track, offset, version)
         self.now = now
         self._accept(track, w, count, version, token_ids, logprobs)
         stats.received[request_id] += count
@@ -253,35 +228,24 @@ class StepState:
             track = self.tracked[uid]
             if partial is None or track.state is not SampleState.RUNNING or track.request_id != request_id:
                 continue
-            received = track.tokens - track.base
-            if partial.token_ids is not None and track.sample is not None:
-                if list(partial.token_ids[:received]) != track.sample.response_ids[track.base:]:
-                    raise StepError(f"sample {uid}: the aborted request's tokens do not extend the tokens "
-                                    "already streamed")
-            if partial.count < received:
-                raise StepError(f"sample {uid}: an abort returned {partial.count} tokens but {received} were "
-                                "streamed")
-            extra = partial.count - received
+            extra = self.ledger.check_partial(track, partial)
             if extra:
-                if partial.version != self.version:
-                    raise StepError(f"sample {uid}: tokens of weight version {partial.version} in a step at "
-                                    f"version {self.version}")
+                received = track.tokens - track.base
                 self._accept(track, w, extra, partial.version,
                              partial.token_ids[received:] if partial.token_ids is not None else None,
                              partial.logprobs[received:] if partial.logprobs is not None else None)
                 self.stats.received[request_id] += extra
             w.assigned.discard(uid)
-            self._busy(w)
-            self._requeue(track)
+            w.holding_changed(self.now)
+            self.ledger.requeue(track)
             self.stats.migrated[pa.reason] += 1
             moved.append(uid)
         target = self.workers.get(pa.target) if pa.target is not None else None
         if moved and target is not None and self._eligible(target):
             moved_set = set(moved)
-            self.pending = deque(uid for uid in self.pending if uid not in moved_set)
+            self.ledger.pending = deque(uid for uid in self.pending if uid not in moved_set)
             self._submit(target, moved)
-        if w.retiring:
-            self._retire_if_empty(w)
+        self._retire_if_empty(w)
 
     # ---- decisions -----------------------------------------------------------------------------------
 
@@ -306,16 +270,22 @@ class StepState:
         ended at `end` (the paper's artifact measures them so): how long the instances generated, from
         the first work one got to the step's last response, and how long the step went on after that
         response. t_wait_remote is 0 when no instance generated: then nobody waited on them."""
-        stats = self.stats
         if not self.done:
             raise StepError("remote_timings: the step's rollout has not finished")
-        remote = stats.rollout_s - stats.remote_start_s if stats.remote_start_s is not None else 0.0
-        waited = max(0.0, end - (self.t0 + stats.rollout_s)) if stats.tokens_by_kind[PREEMPTIBLE] > 0 else 0.0
-        return remote, waited
+        return self.stats.remote_timings(self.t0, end)
 
     def next_deadline(self) -> float | None:
         """When a decision is due without any event (the end of the seeding window); None: none."""
         return self._handoff_check_at if self.seeding and not self.done else None
+
+    @property
+    def pending(self) -> deque[str]:
+        """Uids of the samples waiting for a worker, in dispatch order."""
+        return self.ledger.pending
+
+    @property
+    def num_finished(self) -> int:
+        return self.ledger.num_finished
 
     @property
     def released(self) -> bool:
@@ -329,22 +299,14 @@ class StepState:
 
     def eligible(self) -> list[Worker]:
         """The workers that may take work now, in the order they joined."""
-        if self._eligible_cache is None or self._eligible_cache[0] != self._members:
-            self._eligible_cache = (self._members, [w for w in self.workers.values() if self._eligible(w)])
-        return self._eligible_cache[1]
+        return self._gates.per_membership(
+            "eligible", lambda: [w for w in self.workers.values() if self._eligible(w)])
 
     # ---- internals -----------------------------------------------------------------------------------
 
-    def _changed(self, members: bool = False) -> None:
-        """Something the dispatcher's or the balancer's inputs derive from changed: a worker's samples,
-        or (`members`) who may take work."""
-        self._changes += 1
-        if members:
-            self._members += 1
-
     @staticmethod
     def _eligible(w: Worker) -> bool:
-        return w.status is WorkerStatus.SERVING and w.accepting
+        return w.status is WorkerState.SERVING and w.accepting
 
     def _end_seeding(self) -> None:
         """The window is over: the reserved workers hand what they hold to the instances and free their
@@ -368,7 +330,7 @@ class StepState:
         """Whether the instances serving the step would end it sooner than staying colocated
         (`rlboost.policies.handoff.workers_should_hand_off`): the rest is the step's expected tokens
         less those generated, received or not."""
-        reserved = sum(1 for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerStatus.SERVING)
+        reserved = sum(1 for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerState.SERVING)
         instances = sum(1 for w in self.eligible() if w.kind == PREEMPTIBLE)
         held = sum(track.tokens for track in self.tracked.values() if track.worker is None)
         held += sum(sum(self._tokens_so_far(w).values()) for w in self.workers.values() if w.assigned)
@@ -386,7 +348,7 @@ class StepState:
         eligible = self.eligible()
         if eligible or not self.pending:
             return eligible
-        reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerStatus.SERVING]
+        reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerState.SERVING]
         if not reserved:
             raise StepError(f"no rollout worker left at weight version {self.version}: "
                             + ("; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths) or "none joined"))
@@ -403,23 +365,16 @@ class StepState:
         if not self.config.share_with_pulling:
             return []
         grace = max(self.config.share_grace_s, 2 * self.longest_pull_s)
-        cached = self._incoming_cache
-        if cached is not None and cached[0] == self._members and self.now - cached[1] <= grace:
-            return cached[2]  # the same pullers, and the earliest of them still within its grace
-        pulling = [w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.status is WorkerStatus.PULLING
-                   and w.pull_since is not None and self.now - w.pull_since <= grace]
-        earliest = min((w.pull_since for w in pulling), default=math.inf)
-        incoming = [WorkerLoad(w.name, 0, 0, w.max_running) for w in pulling]
-        self._incoming_cache = (self._members, earliest, incoming)
-        return incoming
+        # the same pullers, as long as the earliest of them is within its grace
+        return self._gates.per_membership("incoming", lambda: self._pullers(grace),
+                                          keep=lambda pullers: self.now - pullers[0] <= grace)[1]
 
-    @staticmethod
-    def _loads(workers: list[Worker]) -> list[WorkerLoad]:
-        loads = []
-        for w in workers:
-            running = min(len(w.assigned), w.max_running)
-            loads.append(WorkerLoad(w.name, running, len(w.assigned) - running, w.max_running))
-        return loads
+    def _pullers(self, grace: float) -> tuple[float, list[WorkerLoad]]:
+        """(the earliest pull start among them, the pulling workers within their grace)."""
+        pulling = [w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.status is WorkerState.PULLING
+                   and w.pull_since is not None and self.now - w.pull_since <= grace]
+        return min((w.pull_since for w in pulling), default=math.inf), [
+            WorkerLoad(w.name, 0, 0, w.max_running) for w in pulling]
 
     def _dispatch(self) -> None:
         if not self.pending:
@@ -428,14 +383,14 @@ class StepState:
         # JSQ places nothing exactly when no worker is open, whatever waits: until the workers, their
         # samples or who is owed a share change, asking again (O(pending + workers)) is wasted.
         names = tuple(load.name for load in incoming)
-        if (self._changes, names) == self._dispatch_idle_at:
+        if self._gates.idle("dispatch", names):
             return
         eligible = self._ensure_capacity()
-        decisions = self.dispatcher.assign(list(self.pending), self._loads(eligible), incoming)
+        decisions = self.dispatcher.assign(list(self.pending), [w.load() for w in eligible], incoming)
         if not decisions:
-            self._dispatch_idle_at = (self._changes, names)
+            self._gates.found_nothing("dispatch", names)
             return
-        self.pending = deque(uid for uid in self.pending if uid not in decisions)
+        self.ledger.pending = deque(uid for uid in self.pending if uid not in decisions)
         by_worker: dict[str, list[str]] = {}
         for uid, name in decisions.items():
             by_worker.setdefault(name, []).append(uid)
@@ -445,21 +400,21 @@ class StepState:
     def _rebalance(self) -> None:
         if self.pending or self._aborts:
             return  # dispatch first; and decide on loads that no abort in flight is about to change
-        if self._changes == self._unbalanceable_at:
+        if self._gates.idle("unbalanceable"):
             return  # the same loads, on which no move was possible whatever the plateaus
         workers = self.eligible()
         balancer = self.balancer
         if len(workers) < 2 or not balancer.could_move(workers):
-            self._unbalanceable_at = self._changes
+            self._gates.found_nothing("unbalanceable")
             return
-        loads = self._loads(workers)
+        loads = [w.load() for w in workers]
         plateaus = {w.name: w.profile.plateau() for w in workers}
-        seen = (self._changes, tuple(plateaus.values()))
-        if seen == self._balanced_at:
+        seen = tuple(plateaus.values())
+        if self._gates.idle("balance", seen):
             return  # the balancer is pure: the loads and plateaus that gave no move still give none
         moves = balancer.rebalance(loads, plateaus) if balancer.may_move(loads, plateaus) else []
         if not moves:
-            self._balanced_at = seen
+            self._gates.found_nothing("balance", seen)
             return
         for move in moves:
             source, target = self.workers[move.source], self.workers[move.target]
@@ -486,17 +441,9 @@ class StepState:
     def _submit(self, w: Worker, uids: list[str]) -> None:
         if w.kind == PREEMPTIBLE and self.stats.remote_start_s is None:
             self.stats.remote_start_s = self.now - self.t0
-        requests = []
-        for uid in uids:
-            track = self.tracked[uid]
-            track.attempt += 1
-            track.state, track.worker = SampleState.RUNNING, w.name
-            track.request_id = f"{uid}#{track.attempt}"
-            self._running[track.request_id] = track
-            track.base = track.tokens
-            requests.append(Request(uid, track.request_id, track.tokens))
-            w.assigned.add(uid)
-        self._busy(w)
+        requests = [self.ledger.start(uid, w.name) for uid in uids]
+        w.assigned.update(uids)
+        w.holding_changed(self.now)
         w.last_finish = None
         self._changed()
         self._commands.append(Submit(w.name, requests))
@@ -509,82 +456,39 @@ class StepState:
         self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep))
         return aid
 
-    def _busy(self, w: Worker) -> None:
-        """Keep `w.busy_s` after a change of what it holds."""
-        if w.assigned and w.busy_since is None:
-            w.busy_since = self.now
-        elif not w.assigned and w.busy_since is not None:
-            w.busy_s += self.now - w.busy_since
-            w.busy_since = None
-
     def _retire_if_empty(self, w: Worker) -> None:
-        if w.retiring and not w.retired and not w.assigned and not any(pa.worker == w.name for pa in self._aborts.values()):
+        if (w.status is WorkerState.RETIRING and not w.retired and not w.assigned
+                and not any(pa.worker == w.name for pa in self._aborts.values())):
             w.retired = True
             self._commands.append(Retire(w.name))
 
     def _accept(self, track: Tracked, w: Worker, count: int, version: int, token_ids, logprobs) -> None:
-        track.tokens += count
-        sample = track.sample
-        if sample is not None:
-            if token_ids is None or logprobs is None or len(token_ids) != count or len(logprobs) != count:
-                raise StepError(f"sample {track.uid}: {count} tokens announced without their ids and log-probs")
-            sample.response_ids += token_ids
-            sample.logprobs += logprobs
-            sample.versions += [version] * count
+        self.ledger.accept(track, count, version, token_ids, logprobs)
         w.tokens += count
         self.stats.tokens_by_kind[w.kind] += count
         self.stats.tokens_by_worker[w.name] += count
 
     def _finish(self, track: Tracked, w: Worker, reason: str | None) -> None:
-        del self._running[track.request_id]
-        track.state, track.worker, track.finish_reason = SampleState.FINISHED, None, reason
-        if track.sample is not None:
-            track.sample.finish_reason = reason
+        group_done = self.ledger.finish(track, reason)
         w.assigned.discard(track.uid)
-        self._busy(w)
+        w.holding_changed(self.now)
         self._changed()
         if not w.assigned:
             w.last_finish = self.now
-            if w.retiring:
-                self._retire_if_empty(w)
-        self.num_finished += 1
-        self.remaining[track.group] -= 1
-        if self.remaining[track.group] == 0:
+            self._retire_if_empty(w)
+        if group_done:
             self._commands.append(GroupDone(track.group))
-        if self.num_finished == len(self.tracked):
+        if self.ledger.all_finished:
             self._complete()
 
     def _complete(self) -> None:
         """The last sample finished: the step's timings are final from here on."""
-        stats = self.stats
         self.done = True
-        stats.rollout_s = self.now - self.t0
-        if self.seeding:  # no hand-off happened: the reserved workers generated it all
-            self.seeding = False
-            stats.seed_s = stats.rollout_s
-        # the tail: from the first to the last worker done, among those that generated to the end: the
-        # instances, or the reserved workers when none was there
-        finishers = ([w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.alive]
-                     or [w for w in self.workers.values() if w.kind == RESERVED and w.alive])
-        done = [w.last_finish for w in finishers if w.last_finish is not None and w.tokens > 0]
-        stats.tail_s = max(done) - min(done) if done else 0.0
-        for w in self.workers.values():
-            stats.busy_s_by_kind[w.kind] += w.busy_s + (self.now - w.busy_since if w.busy_since is not None else 0.0)
-
-    def _requeue(self, track: Tracked) -> None:
-        """Back to the manager, first in line: it already holds tokens and its group waits on it."""
-        del self._running[track.request_id]
-        track.state, track.worker = SampleState.PENDING, None
-        track.migrations += 1
-        self.pending.appendleft(track.uid)
-
-    @staticmethod
-    def _forget_tokens(track: Tracked) -> None:
-        track.tokens = 0
-        if track.sample is not None:
-            del track.sample.response_ids[:], track.sample.logprobs[:], track.sample.versions[:]
+        # without a hand-off the reserved workers generated it all
+        self.stats.close(self.workers.values(), self.now - self.t0, seeded_all=self.seeding, now=self.now)
+        self.seeding = False
 
 
 __all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "ReleaseReserved",
            "Request", "Retire", "SampleState", "StepConfig", "StepError", "StepState", "StepStats", "Submit",
-           "Tracked", "Worker", "WorkerStatus"]
+           "Tracked", "Worker", "WorkerState"]

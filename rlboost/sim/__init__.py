@@ -1,7 +1,7 @@
 """Discrete-event simulation of whole RL training runs at cluster scale (DESIGN.md 2.9): datasheets
 (`specs`), the roofline performance profiles of rollout engines and training (`profile`), how an engine
 batches samples through time (`batching`), the veRL baseline (`baselines`), the response-length
-workload (`workload`), the event-driven cluster (`cluster`, a shell around the runtime's own
+workload (`workload`), the event-driven cluster (`cluster`, recording `records`, a shell around the runtime's own
 `rlboost.rollout.step_state.StepState`) and the runs of every policy (`simulator`:
 `simulate(SimConfig(...))`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
 the real runtime run at the profile's speed; it is the one module here that the runtime loads."""
@@ -14,7 +14,7 @@ _EXPORTS = {
     "EngineRollout": "batching", "EngineState": "batching", "engine_rollout": "batching",
     "colocated_run": "baselines", "colocated_step": "baselines",
     "Workload": "workload", "WorkloadConfig": "workload",
-    "ClusterRun": "cluster", "StepRecord": "cluster", "POLICIES": "simulator", "SimConfig": "simulator",
+    "ClusterRun": "cluster", "StepRecord": "records", "POLICIES": "simulator", "SimConfig": "simulator",
     "SimResult": "simulator", "simulate": "simulator",
 }
 

@@ -50,10 +50,7 @@ def colocated_step(engine: EngineProfile, train: TrainProfile, lengths: Sequence
     rollouts = [engine_rollout(engine, share, prompt_len) for share in shares if share]
     rollout_s = max(r.seconds for r in rollouts)
     preemptions = sum(r.preemptions for r in rollouts)
-    sequences = [prompt_len + length for length in lengths]
-    trained = sum(sequences)
-    context = sum(s * (s - 1) / 2.0 for s in sequences) / trained
-    train_s = train.train_s(trained, gpus, context)
+    train_s = train.sequences_s([prompt_len + length for length in lengths], gpus)
     tokens = sum(lengths)
     step_s = rollout_s + train_s
     return {"rollout_s": rollout_s, "train_s": train_s, "step_s": step_s, "tokens": tokens,

@@ -9,9 +9,9 @@ per engine), which samples move, migration and waste, group completion. This mod
 as the Ray manager is the runtime's: it turns engine completions, trace events and weight pulls into
 StepState events at their simulated times, and carries out the commands that come back (a submit or
 an abort acts on the engine's `EngineState`, rlboost.sim.batching, at once). Around the step it plays
-the policies that act between steps: `OffloadController` (T_seed, memory M[n], the instance cap),
-`HistoPipe` (dispatch order, overruns), `TraceReplay` (which instances start, get warned, killed,
-released) and `CostMeter` (dollars). Time is continuous and jumps from event to event; nothing is
+the policies that act between steps: the runtime's own `OffloadLoop` (T_seed, memory M[n], the
+instance cap), `HistoPipe` (dispatch order, overruns), `TraceReplay` (which instances start, get
+warned, killed, released) and `CostMeter` (dollars). Time is continuous and jumps from event to event; nothing is
 simulated token by token. Pure: no clock, no Ray, no torch; the only randomness is the trace
 replay's seeded choice of victims.
 
@@ -31,22 +31,23 @@ from __future__ import annotations
 
 import heapq
 import math
-import statistics
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlboost.policies.balance import Balancer
 from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
-from rlboost.policies.offload import OffloadController, StepTimings
+from rlboost.policies.offload import OffloadController
+from rlboost.policies.offload_loop import OffloadLoop, StepOutcome
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.scheduling import overruns_of
 from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
-                                        StepConfig, StepState, Submit)
+                                        StepConfig, StepState, Submit, WorkerState)
 from rlboost.sim.batching import EngineState
+from rlboost.sim.members import SimEngine, SimInstance
 from rlboost.sim.profile import EngineProfile, TrainProfile
+from rlboost.sim.records import InstanceMeter, StepRecord
 from rlboost.sim.workload import Workload
 from rlboost.spot.cost import CostMeter
 from rlboost.spot.trace import SpotTrace, TraceReplay
@@ -56,86 +57,6 @@ if TYPE_CHECKING:
 
 # Event kinds; at equal times events run in the order they were scheduled.
 _ENGINE, _BOOTED, _PULLED, _TRACE, _WINDOW, _TRAINED, _START = range(7)
-
-
-@dataclass
-class StepRecord:
-    """One training step of a simulated run. Steps tile the run: a step lasts from its start (the
-    reserved engines hold its weights) to the next step's start (its own weights are on them)."""
-
-    step: int
-    """Step index (the workload's step)."""
-    start_s: float
-    """When the step's rollout started."""
-    end_s: float
-    """When the next step could start: training done and the new weights on the reserved engines."""
-    rollout_s: float
-    """From the start to the step's last finished sample."""
-    train_s: float
-    """Trainer compute time (waits excluded)."""
-    seed_s: float
-    """T_seed of the step: the seeding window the controller chose (0 for the baselines)."""
-    reserved_rollout_s: float
-    """How long the reserved engines generated: the window, or the whole rollout without a hand-off."""
-    tokens_generated: int
-    """Decode tokens made on every engine during the step: responses + wasted + recomputed."""
-    tokens_trained: int
-    """Response tokens of the step's samples, each counted once (what throughput counts)."""
-    instances_start: int
-    """Instances launched and not ended when the step started (booting ones included)."""
-    instances_end: int
-    """The same when the step's training ended."""
-    preemptions: int
-    """Instances hard-killed by the trace during the step."""
-    migrations: int
-    """Samples moved to another engine: preempted, seed hand-off, rebalanced, noticed, released."""
-    wasted_tokens: int
-    """Tokens generated on killed instances and never streamed back (<= stream_interval per sample)."""
-    recomputed_tokens: int
-    """Tokens thrown away by migration=recompute (streamed, then discarded at a preemption)."""
-    wait_train_s: float
-    """Trainer idle time waiting for groups after it was given the reserved GPUs."""
-    wait_remote_s: float
-    """t_wait_remote: from the step's last response to the end of its training (0 without instances)."""
-    usd: float
-    """What the step cost: reserved nodes for end_s - start_s, instances for their seconds in it."""
-    cap: int | None = None
-    """The instance cap the controller set after the step (None: no cap)."""
-    instance_s: float = 0.0
-    """Instance-seconds billed in the step."""
-    migrated: dict[str, int] = field(default_factory=dict)
-    """Migrations by reason: preempted, seed_handoff, rebalanced, noticed, released (as the runtime's
-    migration/* metrics)."""
-    in_flight_at_preemption: int = 0
-    """Samples held by instances when they were hard-killed (the bound on waste is per such sample)."""
-    remote_s: float = 0.0
-    """t_remote: from the first work an instance got in the step to its last response (0 when no
-    instance got any)."""
-
-
-class _Engine:
-    """One rollout engine = one worker of the step."""
-
-    __slots__ = ("name", "instance", "kind", "state", "profile", "gen", "held")
-
-    def __init__(self, name: str, instance: str | None, state: EngineState, profile: ThroughputProfile):
-        self.name, self.instance, self.state, self.profile = name, instance, state, profile
-        self.kind = RESERVED if instance is None else PREEMPTIBLE
-        self.gen = 0  # bumped on every reschedule; older heap entries are stale
-        self.held: dict[str, int] = {}
-        """Request id -> response tokens its sample held when submitted here."""
-
-
-@dataclass(slots=True)
-class _Instance:
-    name: str
-    launched: float
-    engines: list[_Engine] = field(default_factory=list)
-    booted: bool = False
-    version: int | None = None  # the weights it serves; None while booting or pulling
-    doomed: bool = False
-    pull_started: float = 0.0
-    served: bool = False  # it has held the newest weights once: provisioned
 
 
 class ClusterRun:
@@ -150,7 +71,7 @@ class ClusterRun:
         self.prompt_len = workload.cfg.prompt_len
         self.colocated = colocated
         self.train_gpus = train_gpus
-        self.controller = controller
+        self.loop = OffloadLoop(controller) if controller is not None else None
         self.fixed_seed_s = seed_s
         self.meter = meter
         self.max_steps = max_steps
@@ -169,40 +90,29 @@ class ClusterRun:
         self.now = 0.0
         self._heap: list[tuple[float, int, int, object, object]] = []
         self._seq = 0
-        self.engines: dict[str, _Engine] = {}
+        self.engines: dict[str, SimEngine] = {}
         self.reserved = [self._new_engine(f"r{j}", None) for j in range(rollout_gpus // engine.tp)]
-        self.instances: dict[str, _Instance] = {}
+        self.instances: dict[str, SimInstance] = {}
         self._launched = 0
         self.published = 0  # the newest weight version; step k runs version k
         self.cap: int | None = None
-        self._due: list[tuple[_Engine, str]] = []
+        self._due: list[tuple[SimEngine, str]] = []
         """(engine, request id) of samples an engine finished, not yet reported to the step."""
 
         # run totals
         self.tokens_generated = 0
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
         self.caps: list[tuple[float, int | None]] = []
         self.records: list[StepRecord] = []
         self.total_preemptions = 0
-        self._live = 0
-        self._inst_s = 0.0
-        self._inst_t = 0.0
+        self.instances_held = InstanceMeter()
         self.done = False
 
         self.k = -1
         self.step: StepState | None = None
         self.active = False  # the step's rollout is under way
 
-        if self.replay is not None:
-            # The replay looks ahead `notice_s` from each call, so it is asked at every change of the
-            # trace and notice_s before it.
-            times = set()
-            for t in trace.times_s:
-                for when in (t, t - cfg.notice_s):
-                    if when > 0:
-                        times.add(when)
-            for t in sorted(times):
-                self._push(t, _TRACE, None, None)
+        for t in self.replay.decision_times() if self.replay is not None else ():
+            self._push(t, _TRACE, None, None)
         self._push(0.0, _START, 0, None)
 
     # ---- the loop ----------------------------------------------------------------------------------
@@ -275,14 +185,14 @@ class ClusterRun:
 
     # ---- engines -----------------------------------------------------------------------------------
 
-    def _new_engine(self, name: str, instance: str | None) -> _Engine:
+    def _new_engine(self, name: str, instance: str | None) -> SimEngine:
         state = EngineState(self.profile, self.prompt_len, start_s=self.now)
-        e = _Engine(name, instance, state, ThroughputProfile())
+        e = SimEngine(name, instance, state, ThroughputProfile())
         state.on_decode = self._decode_observer(e)
         self.engines[name] = e
         return e
 
-    def _decode_observer(self, e: _Engine) -> Callable[[int, int, float], None]:
+    def _decode_observer(self, e: SimEngine) -> Callable[[int, int, float], None]:
         observe = e.profile.observe
 
         def on_decode(batch: int, steps: int, seconds: float) -> None:
@@ -291,13 +201,13 @@ class ClusterRun:
 
         return on_decode
 
-    def _reschedule(self, e: _Engine) -> None:
+    def _reschedule(self, e: SimEngine) -> None:
         e.gen += 1
         t = e.state.next_event_s()
         if t < math.inf:
             self._push(t, _ENGINE, e.name, e.gen)
 
-    def _sync(self, e: _Engine) -> None:
+    def _sync(self, e: SimEngine) -> None:
         """Bring an engine to now; what it finished is reported to the step by `_report_finished`."""
         for request_id in e.state.advance_to(self.now):
             self._due.append((e, request_id))
@@ -319,7 +229,7 @@ class ClusterRun:
         held = e.held
         return {rid: made - held[rid] for rid, made in e.state.progress().items()}
 
-    def _submit(self, e: _Engine, command: Submit) -> None:
+    def _submit(self, e: SimEngine, command: Submit) -> None:
         self._sync(e)
         items = []
         for r in command.requests:
@@ -328,7 +238,7 @@ class ClusterRun:
         e.state.submit(items, self.now)
         self._reschedule(e)
 
-    def _abort(self, e: _Engine, command: Abort) -> None:
+    def _abort(self, e: SimEngine, command: Abort) -> None:
         """An abort answers at once with the exact tokens of the complete decode steps."""
         self._sync(e)
         made = e.state.abort(command.request_ids, self.now)
@@ -367,21 +277,20 @@ class ClusterRun:
         self.released = False
         self.rollout_end: float | None = None
         self.active = True
-        if self.controller is not None:
-            self.seed_s = self.controller.seed_for(self.instances_start)
-        else:
-            self.seed_s = self.fixed_seed_s
+        plan = self.loop.begin(self.instances_start) if self.loop is not None else None
+        self.seed_s = plan.seed_window_s if plan is not None else self.fixed_seed_s
         keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
-        histopipe, controller = self.histopipe, self.controller if self.colocated else None
+        histopipe = self.histopipe
         overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
         self.step = step = StepState(
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
             seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
-            progress=self._progress, longest_pull_s=self.pull_s, outlook=controller and controller.outlook())
+            progress=self._progress, longest_pull_s=self.pull_s,
+            outlook=plan.outlook if plan is not None and self.colocated else None)
         for e in self.reserved:
-            step.join(e.name, RESERVED, self.max_running, e.profile, serving=True)
+            step.join(e.name, RESERVED, self.max_running, e.profile)
         for inst in self.instances.values():
             if inst.booted:
                 self._join(inst)
@@ -389,16 +298,15 @@ class ClusterRun:
         if deadline is not None and deadline > self.now:
             self._push(deadline, _WINDOW, k, None)
 
-    def _join(self, inst: _Instance) -> None:
+    def _join(self, inst: SimInstance) -> None:
         """The instance's engines take part in the step: serving it, or pulling its weights."""
         step = self.step
-        serving = inst.version == self.k
+        state = (WorkerState.NOTICED if inst.doomed else WorkerState.SERVING if inst.version == self.k
+                 else WorkerState.PULLING)
         pulling = inst.version is None and self.published == self.k
         for e in inst.engines:
-            step.join(e.name, PREEMPTIBLE, self.max_running, e.profile, serving=serving,
+            step.join(e.name, PREEMPTIBLE, self.max_running, e.profile, state=state,
                       pulling_since=inst.pull_started if pulling else None)
-            if inst.doomed:
-                step.notice(e.name, self.now)
 
     def _rollout_done(self) -> None:
         self.rollout_end = self.now
@@ -422,10 +330,8 @@ class ClusterRun:
         if self.idle_since is not None:
             self.wait_train += self.now - self.idle_since
             self.idle_since = None
-        sequences = [self.prompt_len + length for length in self.group_lengths[g]]
-        tokens = sum(sequences)
-        context = sum(s * (s - 1) / 2.0 for s in sequences) / tokens
-        seconds = self.train.train_s(tokens, self.train_gpus, context)
+        seconds = self.train.sequences_s([self.prompt_len + length for length in self.group_lengths[g]],
+                                         self.train_gpus)
         self.train_compute += seconds
         self.training = g
         self._push(self.now + seconds, _TRAINED, g, None)
@@ -438,16 +344,14 @@ class ClusterRun:
             return
         self.remote_s, self.wait_remote = self.step.remote_timings(self.now)
         self.instances_end = len(self.instances)
-        if self.controller is not None:
-            stable = self.instances_end == self.instances_start and self.st_preemptions == 0
-            self.controller.update(StepTimings(
-                instances=self.instances_start, stable=stable, wait_train_s=self.wait_train,
-                wait_remote_s=self.wait_remote, remote_s=self.remote_s, train_s=self.train_compute,
-                tokens_per_s=sum(self.lengths.values()) / (self.now - self.step_start), samples=len(self.lengths),
-                preemptions=self.st_preemptions, instance_s=self._instance_seconds() - self.step_inst_s0,
-                provision_s=statistics.fmean(self.step_provision) if self.step_provision else math.nan,
-                **self.step.stats.offload_measurements()))
-            self.cap = self.controller.instance_cap()
+        if self.loop is not None:
+            self.cap = self.loop.end(StepOutcome(
+                instances_start=self.instances_start, instances_end=self.instances_end,
+                preemptions=self.st_preemptions, wall_s=self.now - self.step_start, train_s=self.train_compute,
+                wait_train_s=self.wait_train, remote_s=self.remote_s, wait_remote_s=self.wait_remote,
+                samples=len(self.lengths), response_tokens=sum(self.lengths.values()),
+                instance_s=self._instance_seconds() - self.step_inst_s0, provision_s=self.step_provision,
+                measured=self.step.stats.offload_measurements()))
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
         # Publish version k+1: the reserved engines load it, the instances pull it.
@@ -493,16 +397,7 @@ class ClusterRun:
     # ---- instances ---------------------------------------------------------------------------------
 
     def _instance_seconds(self) -> float:
-        return self._inst_s + self._live * (self.now - self._inst_t)
-
-    def _count_live(self, delta: int) -> None:
-        self._inst_s = self._instance_seconds()
-        self._inst_t = self.now
-        self._live += delta
-        if self.timeline[-1][0] == self.now:
-            self.timeline[-1] = (self.now, self._live)
-        else:
-            self.timeline.append((self.now, self._live))
+        return self.instances_held.seconds(self.now)
 
     def _replay_step(self) -> None:
         if self.replay is None or self.done:
@@ -519,8 +414,8 @@ class ClusterRun:
         for _ in range(actions.start):
             name = f"i{self._launched}"
             self._launched += 1
-            self.instances[name] = _Instance(name, self.now)
-            self._count_live(+1)
+            self.instances[name] = SimInstance(name, self.now)
+            self.instances_held.count(+1, self.now)
             self._push(self.now + self.cfg.instance_startup_s, _BOOTED, name, None)
 
     def _in_step(self) -> bool:
@@ -566,7 +461,7 @@ class ClusterRun:
     def _end_instance(self, name: str, preempted: bool) -> None:
         """A hard kill (preempted) or a graceful end (a release beyond the cap, the end of the run)."""
         inst = self.instances.pop(name)
-        self._count_live(-1)
+        self.instances_held.count(-1, self.now)
         if preempted:
             self.total_preemptions += 1
             self.st_preemptions += 1
@@ -586,7 +481,7 @@ class ClusterRun:
             e.gen += 1  # its scheduled events are void
             del self.engines[e.name]
 
-    def _kill(self, e: _Engine) -> None:
+    def _kill(self, e: SimEngine) -> None:
         """A hard kill: the complete chunks of each attempt reached the manager; the rest is lost."""
         step, interval = self.step, self.cfg.stream_interval
         for request_id, made in e.state.progress().items():
@@ -597,4 +492,4 @@ class ClusterRun:
         step.dead(e.name, "preempted by the trace", self.now)
 
 
-__all__ = ["ClusterRun", "StepRecord"]
+__all__ = ["ClusterRun"]

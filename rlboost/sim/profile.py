@@ -261,6 +261,14 @@ class TrainProfile:
         flops = tokens * self.cfg.train_flops_factor * self.model.flops_per_token(context)
         return flops / (gpus * self.gpu.peak_flops * self.cfg.train_mfu)
 
+    def sequences_s(self, sequences: list[int] | tuple[int, ...], gpus: int) -> float:
+        """Seconds to train on causal sequences of these lengths (prompt + response each): `train_s` of
+        their tokens with the mean attention context of a trained token. The one formula the
+        simulator, the veRL baseline and the emulation time a step's (or a group's) training with."""
+        tokens = sum(sequences)
+        context = sum(s * (s - 1) / 2.0 for s in sequences) / tokens
+        return self.train_s(tokens, gpus, context)
+
     def weight_sync_s(self, gbps: float) -> float:
         """Seconds to move the bf16 weights once over a `gbps` Gbit/s link (bandwidth floor, no latency)."""
         if not gbps > 0:

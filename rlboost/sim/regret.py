@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
-from rlboost.sim.cluster import StepRecord
+from rlboost.sim.records import StepRecord
 from rlboost.sim.simulator import SimConfig, SimResult, simulate
 
 CAUSES = ("preempted after the hand-off", "tail on too few instances", "instances barely serving", "other")

@@ -326,6 +326,12 @@ class TraceReplay:
         n = self.trace.available_at(t_s)
         return min(n, self.max_instances) if self.max_instances > 0 else n
 
+    def decision_times(self) -> list[float]:
+        """When an event-driven caller must ask `step`: it looks ahead `notice_s` from each call, so at
+        every change of the trace and `notice_s` before it (positive times, sorted)."""
+        times = {when for t in self.trace.times_s for when in (t, t - self.notice_s) if when > 0}
+        return sorted(times)
+
     def step(self, now_s: float, running: list[str], starting: int, cap: int | None) -> ReplayActions:
         if self._last_now is not None and now_s < self._last_now:
             raise ValueError(f"TraceReplay.step: time went back from {self._last_now} to {now_s}")
