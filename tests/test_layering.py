@@ -79,6 +79,10 @@ def test_the_config_loads_neither_torch_nor_ray():
     assert loaded_after("import rlboost.config\nfrom rlboost.trainer import TrainerConfig") == set()
 
 
+def test_the_trainer_s_schedule_stats_and_protocol_are_torch_free():
+    assert loaded_after("import rlboost.trainer.schedule, rlboost.trainer.stats, rlboost.trainer.protocol") == set()
+
+
 def test_the_simulator_loads_no_torch_even_while_it_runs():
     code = ("from rlboost.sim.simulator import SimConfig, simulate\n"
             "r = simulate(SimConfig(duration_s=300))\nassert r.steps")
