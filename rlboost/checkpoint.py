@@ -25,13 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import safetensors.torch
 import torch
 
-from rlboost.trainer import Trainer
-
 if TYPE_CHECKING:
-    from rlboost.trainer.ranks import TrainerGroup
+    from rlboost.trainer.protocol import PolicyTrainer
 
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
@@ -40,7 +37,7 @@ def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
-def save_checkpoint(run_dir: Path, step: int, trainer: "Trainer | TrainerGroup", tokenizer, state: dict,
+def save_checkpoint(run_dir: Path, step: int, trainer: PolicyTrainer, tokenizer, state: dict,
                     rollout_state: dict | None = None) -> Path:
     """`state` goes to state.json (small, readable); `rollout_state` (e.g. HistoSpec's history, which
     can be large) is pickled into trainer.pt."""
@@ -74,7 +71,7 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return max(steps)[1] if steps else None
 
 
-def load_checkpoint(path: Path, trainer: "Trainer | TrainerGroup") -> dict:
+def load_checkpoint(path: Path, trainer: PolicyTrainer) -> dict:
     """Restore the trainer and the RNGs from `path`; returns its state.json (step, data position...)
     with the rollout backend's state under `rollout`."""
     path = Path(path)
@@ -83,31 +80,11 @@ def load_checkpoint(path: Path, trainer: "Trainer | TrainerGroup") -> dict:
     extra = torch.load(path / "trainer.pt", weights_only=False)
     if (path / "dcp").is_dir():
         trainer.load_state(path / "dcp")
-        trainer.load_scheduler_state(extra["scheduler"])
-    elif isinstance(trainer, Trainer):
-        _load_unsharded(path, trainer, extra)
-    else:
-        raise ValueError(f"checkpoint {path} predates sharded checkpoints (no dcp/ folder): resume it with "
-                         "trainer.world_size=1; its next checkpoint loads at any world size")
+    else:  # a checkpoint of an earlier version: weights in hf/, the optimizer's state in trainer.pt
+        trainer.load_unsharded_state(path / "hf", extra["optimizer"])
+    trainer.load_scheduler_state(extra["scheduler"])
     torch.set_rng_state(extra["rng"]["torch"])
     np.random.set_state(extra["rng"]["numpy"])
     random.setstate(extra["rng"]["python"])
     return json.loads((path / "state.json").read_text()) | {"rollout": extra.get("rollout", {})}
 
-
-def _load_unsharded(path: Path, trainer: Trainer, extra: dict) -> None:
-    """A checkpoint of an earlier version: weights from hf/, optimizer state from trainer.pt."""
-    weights = next((path / "hf").glob("*.safetensors"), None)
-    if weights is None:
-        raise FileNotFoundError(f"{path}/hf holds no safetensors weights")
-    missing, unexpected = safetensors.torch.load_model(trainer.model, str(weights), strict=False)
-    if unexpected or [k for k in missing if not _is_tied(trainer.model, k)]:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
-    trainer.optimizer.load_state_dict(extra["optimizer"])
-    trainer.scheduler.load_state_dict(extra["scheduler"])
-
-
-def _is_tied(model, key: str) -> bool:
-    # save_pretrained writes a tied LM head once, under the embedding's name
-    return key == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)

@@ -313,8 +313,6 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "config", None) and "=" in args.config:  # `rlboost train key=value` with no YAML
         args.overrides.insert(0, args.config)
         args.config = None
-    if args.func is _report:  # before the imports below: rlboost.config loads torch, which a report needs not
-        return _report(args)
     from rlboost.config import ConfigError
     from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError

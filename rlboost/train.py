@@ -44,6 +44,7 @@ from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
 
 if TYPE_CHECKING:
+    from rlboost.trainer.protocol import PolicyTrainer
     from rlboost.trainer.ranks import TrainerGroup
 
 RUN_LOG = "run.log"
@@ -294,23 +295,22 @@ def start_trainer_ray(cfg: RLBoostConfig) -> None:
         start_local_ray(h.ray, {RESERVED: 10_000}, os.cpu_count() or 1)
 
 
-def trainer_weights(trainer: Trainer | TrainerGroup, cfg: RLBoostConfig, version: int):
+def trainer_weights(trainer: PolicyTrainer, cfg: RLBoostConfig, version: int):
     """What the rollout backend loads as `version`: the state dict at world size 1. From trainer ranks,
     the version published from their shards into the weight store: its manifest for hybrid rollout
     (the workers pull it), the pulled tensors for the colocated engine in this process."""
-    if isinstance(trainer, Trainer):
-        return trainer.weights()
     from rlboost.hybrid.weights import pull
+    from rlboost.hybrid.wire import WeightManifest
 
     h = cfg.rollout.hybrid
-    manifest = trainer.publish(version, h.weights.bucket_mb)
-    if cfg.rollout.mode == "hybrid":
-        return manifest
-    return pull(manifest, manifest.fingerprint, h.weights.pull_timeout_s)
+    weights = trainer.publish(version, h.weights.bucket_mb)
+    if isinstance(weights, WeightManifest) and cfg.rollout.mode != "hybrid":
+        return pull(weights, weights.fingerprint, h.weights.pull_timeout_s)
+    return weights
 
 
-def close_all(trainer, rollout, owns_ray: bool) -> None:
-    if trainer is not None and not isinstance(trainer, Trainer):
+def close_all(trainer: PolicyTrainer | None, rollout, owns_ray: bool) -> None:
+    if trainer is not None:
         trainer.close()
     if rollout is not None:
         rollout.close()

@@ -1,10 +1,12 @@
 """The package's structure, as code: imports run one way (policies -> engine -> rollout -> hybrid /
-trainer -> sim / bench -> train / cli), the light entry points load neither Ray nor torch, and no
-module needs a table of contents."""
+trainer -> sim / bench -> train / cli), the light entry points (the config, `rlboost simulate`,
+`rlboost report`, the command's help) load neither Ray nor torch, and no module needs a table of
+contents."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -63,14 +65,22 @@ def test_the_runtime_never_imports_the_simulator_nor_rollout_the_runtime():
 
 def loaded_after(code: str) -> set[str]:
     """Which of ray and torch are in sys.modules after running `code` in a fresh interpreter."""
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in ('ray', 'torch') if m in sys.modules))"
+    probe = f"{code}\nimport sys\nprint('loaded:', *(m for m in ('ray', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout
-    lines = out.strip().splitlines()
-    return set(lines[-1].split()) if lines else set()
+    return set(out.splitlines()[-1].split()[1:])  # the code's own output comes before
 
 
 def test_configs_the_trainer_the_policies_and_the_simulator_load_no_ray():
     assert "ray" not in loaded_after("import rlboost.config, rlboost.trainer, rlboost.policies, rlboost.sim.simulator")
+
+
+def test_the_config_loads_neither_torch_nor_ray():
+    """Every config dataclass is torch-free: reading a YAML (`rlboost simulate`'s) costs no torch."""
+    assert loaded_after("import rlboost.config\nfrom rlboost.trainer import TrainerConfig") == set()
+
+
+def test_the_trainer_s_schedule_stats_and_protocol_are_torch_free():
+    assert loaded_after("import rlboost.trainer.schedule, rlboost.trainer.stats, rlboost.trainer.protocol") == set()
 
 
 def test_the_simulator_loads_no_torch_even_while_it_runs():
@@ -79,11 +89,27 @@ def test_the_simulator_loads_no_torch_even_while_it_runs():
     assert loaded_after(code) == set()
 
 
-def test_the_command_line_help_loads_no_torch():
+def test_rlboost_simulate_loads_neither_torch_nor_ray_while_it_runs(tmp_path):
     code = ("from rlboost.cli import main\n"
-            "for argv in (['--help'], ['bench', '--help'], ['simulate', '--help']):\n"
+            f"assert main(['simulate', '--models', 'qwen3-8b', '--segments', 'A', '--policies', 'verl,rlboost', "
+            f"'--plots', {str(tmp_path)!r}, 'duration_s=600']) == 0")
+    assert loaded_after(code) == set()
+
+
+def test_rlboost_report_on_a_run_folder_loads_neither_torch_nor_ray(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": k, "critic/score/mean": 0.1 * k, "timing_s/step": 2.0}) + "\n" for k in (1, 2)))
+    code = f"from rlboost.cli import main\nassert main(['report', {str(tmp_path)!r}]) == 0"
+    assert loaded_after(code) == set()
+    assert (tmp_path / "report" / "report.md").is_file()
+
+
+def test_the_command_line_help_loads_neither_torch_nor_ray():
+    code = ("from rlboost.cli import main\n"
+            "for argv in (['--help'], ['bench', '--help'], ['simulate', '--help'], ['report', '--help'], "
+            "['train', '--help']):\n"
             "    try:\n        main(argv)\n    except SystemExit:\n        pass")
-    assert "torch" not in loaded_after(code)
+    assert loaded_after(code) == set()
 
 
 @pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(ROOT)))

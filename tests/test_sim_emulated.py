@@ -257,7 +257,7 @@ def test_the_emulated_engine_implements_the_engine_contract():
 def test_rollout_worker_runs_on_the_emulated_engine(worker):
     # The one RolloutWorker class (in-process), its engine built by the emulation's factory: stream,
     # submit, abort, and a pull of real published bytes.
-    from rlboost.bench.emulation import _tiny_fingerprint
+    from rlboost.bench.emulated_run import _tiny_fingerprint
     from rlboost.engine import EngineConfig
     from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
     from rlboost.models import ModelConfig

@@ -1,6 +1,16 @@
-"""GRPO training of an HF causal LM on streamed groups of rollout samples."""
+"""GRPO training of an HF causal LM on streamed groups of rollout samples.
 
-from rlboost.trainer.config import LOSS_AGG_MODES, TrainerConfig
-from rlboost.trainer.trainer import Trainer
+Layout: `schedule` (pure: where a step's micro-batches and optimizer steps fall), `trainer` (the
+in-process trainer), `ranks` and `sharding` (N ranks on Ray, FSDP2 on each), `protocol` (what the
+loop and the checkpoints ask of either), `stats`, `state` (checkpoint files), `config`.
 
-__all__ = ["Trainer", "TrainerConfig", "LOSS_AGG_MODES"]
+Names are imported on first use (PEP 562): `TrainerConfig` is torch-free, so `rlboost.config` (and
+with it `rlboost simulate` and `rlboost report`) never loads torch; `Trainer` loads it when used."""
+
+from rlboost._lazy import lazy_exports
+
+_WHERE = {"Trainer": "trainer", "TrainerConfig": "config", "LOSS_AGG_MODES": "config",
+          "PolicyTrainer": "protocol", "BatchSchedule": "schedule", "TrainStepStats": "stats"}
+
+__all__ = sorted(_WHERE)
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE, globals())

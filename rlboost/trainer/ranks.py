@@ -6,11 +6,12 @@ Contract (DESIGN.md 2.6):
   lands on a preemptible instance), joins them with torch.distributed and has each load the model and
   shard it (`trainer/sharding.py`). A world size the cluster cannot place is refused before any rank
   starts, naming `trainer.world_size`.
-- `train_step(groups, num_groups)` has the meaning of `Trainer.train_step`: groups are dealt to ranks
-  as they arrive (whole groups; `deal` picks the rank, round-robin by default); as soon as every rank
-  has a micro-batch, all of them run it together; at a mini-batch boundary the ranks still holding
-  groups run them while the others run dummy passes, then every rank steps. The optimizer steps at
-  the world-1 boundaries and the update is the world-1 update of the same groups.
+- `train_step(groups, num_groups)` has the meaning of `Trainer.train_step` and runs the same
+  `BatchSchedule` (`trainer/schedule.py`) at world size N: groups are dealt to ranks as they arrive
+  (whole groups; `deal` picks the rank, round-robin by default); as soon as every rank has a
+  micro-batch, all of them run it together; at a mini-batch boundary the ranks still holding groups
+  run them while the others run dummy passes, then every rank steps. The optimizer steps at the
+  world-1 boundaries and the update is the world-1 update of the same groups.
 - Faults: the driver waits on every rank's calls at once, so the first rank that dies or raises fails
   the step with an error naming that rank and the step (`TrainerRankError`); the group is then torn
   down (a surviving rank may be blocked in a collective) and refuses further calls. A rank hung in a
@@ -37,7 +38,8 @@ from rlboost.rollout.sample import Group
 from rlboost.rollout.step_data import RESERVED
 from rlboost.trainer.errors import TrainerRankError
 from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.trainer import _StepStats, check_finished, check_tis
+from rlboost.trainer.schedule import BatchSchedule, MicroBatch
+from rlboost.trainer.stats import TrainStepStats
 
 DEATH_GRACE_S = 10.0
 """After a rank fails, how long to look for a rank that died: when one dies mid-collective, the others
@@ -183,7 +185,7 @@ def check_world_size(config: TrainerConfig, device_type: str, cluster: dict[str,
 
 
 class TrainerGroup:
-    """The driver's handle on N ranks; the same `train_step` as `Trainer`."""
+    """The driver's handle on N ranks; the same `train_step` as `Trainer` (both a `PolicyTrainer`)."""
 
     def __init__(self, config: TrainerConfig, model: ModelConfig, *, temperature: float, max_response_length: int,
                  total_optimizer_steps: int, pad_token_id: int = 0, ref_model: ModelConfig | None = None,
@@ -191,7 +193,8 @@ class TrainerGroup:
                  placement_timeout_s: float = 120.0):
         config.validate()
         self.config, self.world_size = config, config.world_size
-        self.deal = deal or (lambda i: i % self.world_size)
+        self.deal = deal
+        """Which rank a group goes to, by its index in the mini-batch (None: round-robin)."""
         self.broken: str | None = None
         self.step = 0
         if device_type is None:
@@ -226,42 +229,25 @@ class TrainerGroup:
         """Train on `num_groups` groups pulled from `groups` (`step`: the RL step, for error messages)."""
         self.step = step if step is not None else self.step + 1
         cfg = self.config
-        mini_size = cfg.mini_batch_groups or num_groups
-        check_tis(cfg, mini_size, num_groups)
-        micro = cfg.micro_batch_groups
-        queues: list[list[Group]] = [[] for _ in range(self.world_size)]
-        pending: list = []
+        schedule = BatchSchedule(num_groups, cfg.micro_batch_groups, cfg.mini_batch_groups, tis_cap=cfg.tis_cap,
+                                 world_size=self.world_size, deal=self.deal)
         self._check_usable()
-        pending += self._each("begin_step")
-        consumed = in_mini = 0
+        pending = self._each("begin_step")
         for group in groups:
-            check_finished(group)
-            rank = self.deal(in_mini)
-            if not 0 <= rank < self.world_size:
-                raise ValueError(f"dealt group {group.index} to rank {rank} of {self.world_size}")
-            queues[rank].append(group)
-            consumed += 1
-            in_mini += 1
-            while all(len(q) >= micro for q in queues):  # every rank has a micro-batch: run them together
-                pending += self._pass([q[:micro] for q in queues])
-                for q in queues:
-                    del q[:micro]
-                pending = self._poll(pending)
-            if in_mini == mini_size or consumed == num_groups:
-                while any(queues):  # the rest of the mini-batch; a rank with nothing left runs dummies
-                    pending += self._pass([q[:micro] or None for q in queues])
-                    for q in queues:
-                        del q[:micro]
-                pending += self._each("optimizer_step")
-                self._all(pending, "training")
-                pending, in_mini = [], 0
-            if consumed == num_groups:
+            for event in schedule.add(group):
+                if isinstance(event, MicroBatch):  # every rank runs it together
+                    pending += self._pass(event.per_rank)
+                    pending = self._poll(pending)
+                else:
+                    pending += self._each("optimizer_step")
+                    self._all(pending, "training")
+                    pending = []
+            if schedule.done:
                 break
         self._all(pending, "training")
-        if consumed != num_groups:
-            raise RuntimeError(f"the rollout delivered {consumed} groups, the step expected {num_groups}")
+        schedule.finish()
         parts = self._all([r.end_step.remote() for r in self.ranks], "training")
-        return _StepStats.merged(parts).metrics(parts[0]["lr"])
+        return TrainStepStats.merged(parts).metrics(parts[0]["lr"])
 
     def _each(self, method: str, *args) -> list:
         return [(i, getattr(r, method).remote(*args)) for i, r in enumerate(self.ranks)]
@@ -292,6 +278,10 @@ class TrainerGroup:
 
     def load_state(self, folder: Path) -> None:
         self._all(self._each("load_state", str(folder)), "loading a checkpoint")
+
+    def load_unsharded_state(self, hf_folder: Path, optimizer_state: dict) -> None:
+        raise ValueError(f"checkpoint {hf_folder.parent} predates sharded checkpoints (no dcp/ folder): resume it "
+                         "with trainer.world_size=1; its next checkpoint loads at any world size")
 
     def export_hf(self, folder: Path) -> None:
         self._all(self._each("export_hf", str(folder)), "saving a checkpoint")

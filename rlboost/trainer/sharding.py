@@ -21,6 +21,9 @@ Contract (DESIGN.md 2.6; the driver's side is `trainer/ranks.py`):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -28,11 +31,12 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from transformers import PreTrainedModel
 
+from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
 from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.logprobs import pad_batch, response_logprobs
-from rlboost.trainer.trainer import Trainer, _StepStats, use_bf16
+from rlboost.trainer.trainer import Trainer, use_bf16
 
 
 class LogprobRoot(nn.Module):
@@ -95,82 +99,105 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
 
 
-class ShardedTrainer(Trainer):
-    """`Trainer` on one rank of a mesh. The driver calls `micro_batch` / `dummy_pass` on every rank
-    together, then `optimizer_step` on every rank; `end_step` hands back the rank's share of the
-    metrics."""
+class ShardedPlacement:
+    """A `Trainer`'s `Placement` on one rank of a mesh: the policy and the reference sharded, their
+    log-probs through the root FSDP unit, the step's sums all-reduced."""
+
+    autocast = False
+    """FSDP2's mixed-precision policy casts instead of autocast."""
+    shares_prompts = False
+    """One forward per micro-batch on every rank (module docstring)."""
+
+    def __init__(self, mesh: DeviceMesh, device: torch.device, mixed_precision: MixedPrecisionPolicy | None):
+        self.mesh, self.device, self.mixed_precision = mesh, device, mixed_precision
+        self.roots: dict[int, LogprobRoot] = {}
+        """id(model) -> the root FSDP unit to call for its log-probs."""
+
+    def place_policy(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+        model = model.to(device, dtype=torch.float32).train()
+        self.roots[id(model)] = shard_model(model, self.mesh, self.mixed_precision)
+        return model
+
+    def place_reference(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+        model = model.to(device, dtype=torch.float32).eval().requires_grad_(False)
+        self.roots[id(model)] = shard_model(model, self.mesh, self.mixed_precision)
+        return model
+
+    def logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor], temperature: float,
+                 with_entropy: bool):
+        return self.roots[id(model)](batch, temperature, with_entropy)
+
+    def global_sums(self, sums: list[float]) -> list[float]:
+        out = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        dist.all_reduce(out)  # the whole world: replicas of an HSDP mesh hold different groups too
+        return out.tolist()
+
+
+def mixed_precision(dtype: str, device: torch.device) -> MixedPrecisionPolicy | None:
+    if not use_bf16(dtype, device):
+        return None
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
+class ShardedTrainer:
+    """A `Trainer` on one rank of a mesh (placed by `ShardedPlacement`). The driver calls
+    `micro_batch` / `dummy_pass` on every rank together, then `optimizer_step` on every rank;
+    `end_step` hands back the rank's share of the metrics."""
 
     def __init__(self, model: PreTrainedModel, config: TrainerConfig, *, mesh: DeviceMesh, **kwargs):
-        self.mesh = mesh
-        super().__init__(model, config, **kwargs)
-        self.bf16 = False  # FSDP2's mixed-precision policy casts instead of autocast
-        self.share_prompt = False  # one forward per micro-batch on every rank (module docstring)
-        self.stats = _StepStats()
-        self.denominator = 0.0
+        device = resolve_device(config.device, key="trainer.device")
+        placement = ShardedPlacement(mesh, device, mixed_precision(config.dtype, device))
+        self.trainer = Trainer(model, config, placement=placement, **kwargs)
+        self.config, self.model, self.optimizer = config, self.trainer.model, self.trainer.optimizer
         self.step_state_bytes = 0
         """`state_bytes()` right after the last optimizer step, gradients still held: the step's peak."""
         self.optimizer.register_step_post_hook(lambda *_: setattr(self, "step_state_bytes", self.state_bytes()))
 
-    def _mixed_precision(self) -> MixedPrecisionPolicy | None:
-        if not use_bf16(self.config.dtype, self.device):
-            return None
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-
-    def _place_policy(self, model: PreTrainedModel) -> PreTrainedModel:
-        model = model.to(self.device, dtype=torch.float32).train()
-        self.policy_root = shard_model(model, self.mesh, self._mixed_precision())
-        return model
-
-    def _place_reference(self, model: PreTrainedModel) -> PreTrainedModel:
-        model = model.to(self.device, dtype=torch.float32).eval().requires_grad_(False)
-        self.reference_root = shard_model(model, self.mesh, self._mixed_precision())
-        return model
-
-    def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
-        root = self.policy_root if model is self.model else self.reference_root
-        return root(batch, self.temperature, with_entropy)
-
     # -- the driver's calls, in lock-step on every rank --
 
     def begin_step(self) -> None:
-        self.stats, self.denominator = _StepStats(), 0.0
-        self.optimizer.zero_grad(set_to_none=True)
+        self.trainer.begin_step()
 
-    def micro_batch(self, groups: list[Group]) -> None:
+    def micro_batch(self, groups: Sequence[Group]) -> None:
         """Groups the driver checked are finished (`TrainerGroup.train_step`)."""
-        self.denominator += self._accumulate(groups, self.stats)
+        self.trainer.micro_batch(groups)
 
     def dummy_pass(self) -> None:
         """The collectives of a micro-batch pass, with no gradient: for a rank that has no group left
         in this mini-batch while another still has one."""
-        batch = pad_batch([[self.pad_token_id]], [[self.pad_token_id]], self.pad_token_id, self.device)
-        logp, _ = self.policy_root(batch, self.temperature, True)
-        if self.ref_model is not None:
+        t = self.trainer
+        batch = pad_batch([[t.pad_token_id]], [[t.pad_token_id]], t.pad_token_id, t.device)
+        logp, _ = t.placement.logprobs(t.model, batch, t.temperature, True)
+        if t.ref_model is not None:
             with torch.no_grad():
-                self.reference_root(batch, self.temperature, False)
+                t.placement.logprobs(t.ref_model, batch, t.temperature, False)
         (logp.sum() * 0.0).backward()
 
     def optimizer_step(self) -> None:
-        self._optimizer_step(self.denominator, self.stats)
-        self.denominator = 0.0
+        self.trainer.optimizer_step()
 
     def end_step(self) -> dict:
-        return self.stats.totals() | {"lr": self.optimizer.param_groups[0]["lr"]}
+        return self.trainer.end_step().totals() | {"lr": self.trainer.lr}
 
-    def _global_sums(self, denominator: float, stats: _StepStats) -> float:
-        sums = torch.tensor([denominator, stats.pg_numerator, stats.kl_numerator], dtype=torch.float64,
-                            device=self.device)
-        dist.all_reduce(sums)  # the whole world: replicas of an HSDP mesh hold different groups too
-        denominator, stats.pg_numerator, stats.kl_numerator = sums.tolist()
-        return denominator
+    # -- checkpoints: every rank writes and reads its own shard --
 
-    def export_hf(self, folder) -> None:
+    def save_state(self, folder: Path) -> None:
+        self.trainer.save_state(folder)
+
+    def load_state(self, folder: Path) -> None:
+        self.trainer.load_state(folder)
+
+    def export_hf(self, folder: Path) -> None:
         state.export_hf(self.model, folder, full_tensor, writer=dist.get_rank() == 0)
 
-    def weights(self):
-        raise RuntimeError("a sharded trainer holds no whole weights; publish them with gathered_buckets")
+    def scheduler_state(self) -> dict:
+        return self.trainer.scheduler_state()
+
+    def load_scheduler_state(self, scheduler_state: dict) -> None:
+        self.trainer.load_scheduler_state(scheduler_state)
 
     def state_bytes(self) -> int:
         """Bytes of parameters, gradients and optimizer state this rank holds now."""
+        params = self.trainer.params
         optim = [v for state in self.optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
-        return local_bytes(self.params) + local_bytes(p.grad for p in self.params) + local_bytes(optim)
+        return local_bytes(params) + local_bytes(p.grad for p in params) + local_bytes(optim)

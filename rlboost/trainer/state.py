@@ -6,6 +6,8 @@ HF folder.
   own shard, a world-1 trainer writes one. DCP reshards on load, so a checkpoint written at one world
   size loads at any other (2 -> 1, 1 -> 2). The folder must be one every rank can reach (one machine,
   or a shared filesystem across nodes).
+- `load_unsharded_state`: a checkpoint of an earlier version (no DCP shards) at world size 1: the
+  weights from its HF folder, the optimizer's state dict as it was pickled.
 - `export_hf`: the policy as a normal `from_pretrained` folder (config + safetensors, an index when
   the weights span several files), written bucket by bucket from the full tensors so a sharded
   trainer never holds the whole model; only `writer` writes.
@@ -46,6 +48,25 @@ def load_state(model: PreTrainedModel, optimizer: torch.optim.Optimizer, folder:
     with _one_process_is_intended():
         dcp.load(state, checkpoint_id=str(folder), no_dist=_single())
     set_state_dict(model, optimizer, model_state_dict=state[MODEL_KEY], optim_state_dict=state[OPTIM_KEY])
+
+
+def load_unsharded_state(model: PreTrainedModel, optimizer: torch.optim.Optimizer, hf_folder: Path,
+                         optimizer_state: dict) -> None:
+    import safetensors.torch
+
+    weights = next(hf_folder.glob("*.safetensors"), None)
+    if weights is None:
+        raise FileNotFoundError(f"{hf_folder} holds no safetensors weights")
+    missing, unexpected = safetensors.torch.load_model(model, str(weights), strict=False)
+    if unexpected or [k for k in missing if not _is_tied(model, k)]:
+        raise ValueError(f"checkpoint {hf_folder.parent} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    optimizer.load_state_dict(optimizer_state)
+
+
+def _is_tied(model: PreTrainedModel, key: str) -> bool:
+    # save_pretrained writes a tied LM head once, under the embedding's name
+    return key == "lm_head.weight" and getattr(model.config, "tie_word_embeddings", False)
 
 
 @contextmanager

@@ -16,14 +16,22 @@ Contract (DESIGN.md 2.6):
   numerics. Where those differ (vLLM, bf16), `tis_cap` takes the ratio against the trainer's own starting
   log-probs and weighs each token by the truncated ratio pi_trainer / pi_rollout (`_tis_loss`); the
   mismatch is reported either way (`training/rollout_probs_diff_*`).
-- `weights()` is the state dict the engine loads after the step (version k+1).
+- The step is driven through public calls, in this order: `begin_step`, then per event of the step's
+  `BatchSchedule` (`trainer/schedule.py`) `micro_batch` or `optimizer_step`, then `end_step`;
+  `train_step` runs them at world size 1, a sharded rank's driver runs them on every rank.
+- Where the policy lives is a `Placement`: `LocalPlacement` (the whole model in this process, the
+  default) or a sharded rank's (`trainer/sharding.py`). It places the policy and the reference,
+  computes padded-batch log-probs, and sums the step's normaliser and loss numerators over the ranks.
+- `weights()` is the state dict the engine loads after the step (version k+1); `publish` hands it
+  over as the trainer protocol's (`trainer/protocol.py`) weights to publish.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
@@ -34,6 +42,8 @@ from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
 from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
+from rlboost.trainer.schedule import BatchSchedule, MicroBatch
+from rlboost.trainer.stats import TrainStepStats
 
 
 def use_bf16(dtype: str, device: torch.device) -> bool:
@@ -42,23 +52,66 @@ def use_bf16(dtype: str, device: torch.device) -> bool:
     return dtype == "auto" and device.type == "cuda" and torch.cuda.is_bf16_supported()
 
 
+class Placement(Protocol):
+    """Where a `Trainer`'s policy lives: `LocalPlacement` below, or a sharded rank's
+    (`trainer/sharding.py`)."""
+
+    autocast: bool
+    """Compute in bf16 under torch's autocast when `trainer.dtype` asks for it."""
+    shares_prompts: bool
+    """`trainer.share_prompt` may apply (a micro-batch's number of forwards may depend on its data)."""
+
+    def place_policy(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel: ...
+
+    def place_reference(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel: ...
+
+    def logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor], temperature: float,
+                 with_entropy: bool):
+        """Response log-probs (and entropies) of a padded batch (`logprobs.response_logprobs`)."""
+
+    def global_sums(self, sums: list[float]) -> list[float]:
+        """The mini-batch's normaliser and loss numerators summed over every rank."""
+
+
+class LocalPlacement:
+    """The whole policy in this process (world size 1)."""
+
+    autocast = True
+    shares_prompts = True
+
+    def place_policy(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+        """The policy on its device, fp32 master weights, in training mode."""
+        return model.to(device, dtype=torch.float32).train()
+
+    def place_reference(self, model: PreTrainedModel, device: torch.device) -> PreTrainedModel:
+        return model.to(device).eval().requires_grad_(False)
+
+    def logprobs(self, model: PreTrainedModel, batch: dict[str, torch.Tensor], temperature: float,
+                 with_entropy: bool):
+        return response_logprobs(model, batch, temperature, with_entropy)
+
+    def global_sums(self, sums: list[float]) -> list[float]:
+        return sums  # one rank holds the whole mini-batch
+
+
 class Trainer:
     """Owns the policy being trained (its own copy: the engine fuses its model's weights in place)."""
 
     def __init__(self, model: PreTrainedModel, config: TrainerConfig, *, temperature: float,
                  max_response_length: int, total_optimizer_steps: int, pad_token_id: int = 0,
-                 ref_model: PreTrainedModel | None = None):
+                 ref_model: PreTrainedModel | None = None, placement: Placement | None = None):
         config.validate()
         self.config = config
+        self.placement = placement or LocalPlacement()
         self.device = resolve_device(config.device, key="trainer.device")
-        self.bf16 = use_bf16(config.dtype, self.device)
-        self.share_prompt = config.share_prompt
-        self.model = self._place_policy(model)
+        self.bf16 = self.placement.autocast and use_bf16(config.dtype, self.device)
+        self.share_prompt = self.placement.shares_prompts and config.share_prompt
+        self.model = self.placement.place_policy(model, self.device)
         self.ref_model = None
         if config.kl_coef > 0:
             if ref_model is None:
                 raise ValueError("trainer.kl_coef > 0 needs a reference model")
-            self.ref_model = self._place_reference(ref_model)
+            self.ref_model = self.placement.place_reference(ref_model, self.device)
         self.temperature = temperature
         self.max_response_length = max_response_length
         self.pad_token_id = pad_token_id
@@ -67,44 +120,51 @@ class Trainer:
                                            eps=config.eps, weight_decay=config.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda i: lr_factor(i, config, total_optimizer_steps))
-
-    def _place_policy(self, model: PreTrainedModel) -> PreTrainedModel:
-        """The policy on its device, fp32 master weights, in training mode (sharded on a rank)."""
-        return model.to(self.device, dtype=torch.float32).train()
-
-    def _place_reference(self, model: PreTrainedModel) -> PreTrainedModel:
-        return model.to(self.device).eval().requires_grad_(False)
+        self.stats = TrainStepStats()
+        self.denominator = 0.0
+        """The current mini-batch's loss normaliser, summed over its micro-batches so far."""
 
     def train_step(self, groups: Iterable[Group], num_groups: int, step: int | None = None) -> dict[str, float]:
         """Train on `num_groups` groups pulled from `groups`; returns veRL-named actor metrics. `step`
         (the RL step) is for the sharded trainer's error messages; one process has no rank to name."""
         cfg = self.config
-        mini_size = cfg.mini_batch_groups or num_groups
-        check_tis(cfg, mini_size, num_groups)
-        stats = _StepStats()
-        micro: list[Group] = []
-        consumed = in_mini = 0
-        denominator = 0.0
-        self.optimizer.zero_grad(set_to_none=True)
+        schedule = BatchSchedule(num_groups, cfg.micro_batch_groups, cfg.mini_batch_groups, tis_cap=cfg.tis_cap)
+        self.begin_step()
         for group in groups:
-            check_finished(group)
-            micro.append(group)
-            consumed += 1
-            in_mini += 1
-            at_boundary = in_mini == mini_size or consumed == num_groups
-            if len(micro) == cfg.micro_batch_groups or at_boundary:
-                denominator += self._accumulate(micro, stats)
-                micro = []
-            if at_boundary:
-                self._optimizer_step(denominator, stats)
-                denominator, in_mini = 0.0, 0
-            if consumed == num_groups:
+            for event in schedule.add(group):
+                if isinstance(event, MicroBatch):
+                    self.micro_batch(event.per_rank[0])
+                else:
+                    self.optimizer_step()
+            if schedule.done:
                 break
-        if consumed != num_groups:
-            raise RuntimeError(f"the rollout delivered {consumed} groups, the step expected {num_groups}")
-        return stats.metrics(self.optimizer.param_groups[0]["lr"])
+        schedule.finish()
+        return self.end_step().metrics(self.lr)
 
-    def _accumulate(self, groups: list[Group], stats: "_StepStats") -> float:
+    # -- one step's calls (`train_step`'s, and a sharded rank's in lock-step with the others) --
+
+    def begin_step(self) -> None:
+        self.stats, self.denominator = TrainStepStats(), 0.0
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def micro_batch(self, groups: Sequence[Group]) -> None:
+        """Forward/backward one micro-batch of finished groups; gradients accumulate."""
+        self.denominator += self._accumulate(groups, self.stats)
+
+    def optimizer_step(self) -> None:
+        """The mini-batch is complete: divide the gradient by its normaliser and step."""
+        self._optimizer_step(self.denominator, self.stats)
+        self.denominator = 0.0
+
+    def end_step(self) -> TrainStepStats:
+        return self.stats
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        return self.optimizer.param_groups[0]["lr"]
+
+    def _accumulate(self, groups: Sequence[Group], stats: TrainStepStats) -> float:
         """Forward/backward one micro-batch; returns its share of the mini-batch normaliser."""
         cfg = self.config
         samples = [s for g in groups for s in g.samples]
@@ -147,7 +207,7 @@ class Trainer:
         stats.advantages.extend(advantages.tolist())
         return denominator
 
-    def _tis_loss(self, logp, rollout_logp, advantages, mask, stats: "_StepStats"):
+    def _tis_loss(self, logp, rollout_logp, advantages, mask, stats: TrainStepStats):
         """PPO-clip against the trainer's own starting log-probs, each token weighted by the truncated
         ratio min(pi_trainer / pi_rollout, tis_cap) (`TrainerConfig.tis_cap`). The step has one
         optimizer step (checked before it starts), so `logp` detached *is* the starting policy."""
@@ -165,10 +225,12 @@ class Trainer:
         if self.share_prompt:
             return shared_prompt_logprobs(model, [s.prompt_ids for s in samples], [s.response_ids for s in samples],
                                           self.temperature, with_entropy, self.pad_token_id, self.device)
-        return response_logprobs(model, batch, self.temperature, with_entropy)
+        return self.placement.logprobs(model, batch, self.temperature, with_entropy)
 
-    def _optimizer_step(self, denominator: float, stats: "_StepStats") -> None:
-        denominator = max(self._global_sums(denominator, stats), 1e-8)
+    def _optimizer_step(self, denominator: float, stats: TrainStepStats) -> None:
+        denominator, stats.pg_numerator, stats.kl_numerator = self.placement.global_sums(
+            [denominator, stats.pg_numerator, stats.kl_numerator])
+        denominator = max(denominator, 1e-8)
         for p in self.params:
             if p.grad is not None:
                 p.grad.div_(denominator)
@@ -184,14 +246,16 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         stats.end_mini_batch(denominator, grad_norm)
 
-    def _global_sums(self, denominator: float, stats: "_StepStats") -> float:
-        """The mini-batch's normaliser (and the loss numerators in `stats`) over every rank: here,
-        one rank holds the whole mini-batch. A sharded rank all-reduces them."""
-        return denominator
-
     def weights(self) -> dict[str, torch.Tensor]:
         """The policy's parameters by name, for `LLMEngine.load_weights`."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
+
+    def publish(self, version: int, bucket_mb: float) -> dict[str, torch.Tensor]:
+        """The weights the rollout loads as `version`: this process holds them whole (`weights()`)."""
+        return self.weights()
+
+    def close(self) -> None:
+        """Nothing to release: the policy lives in this process."""
 
     # -- checkpoints (`rlboost/checkpoint.py`; the same calls on a `TrainerGroup`) --
 
@@ -201,6 +265,10 @@ class Trainer:
 
     def load_state(self, folder: Path) -> None:
         state.load_state(self.model, self.optimizer, folder)
+
+    def load_unsharded_state(self, hf_folder: Path, optimizer_state: dict) -> None:
+        """A checkpoint of an earlier version: weights from its HF folder, the optimizer's state dict."""
+        state.load_unsharded_state(self.model, self.optimizer, hf_folder, optimizer_state)
 
     def export_hf(self, folder: Path) -> None:
         """The policy as an HF checkpoint folder."""
@@ -213,18 +281,6 @@ class Trainer:
         self.scheduler.load_state_dict(scheduler_state)
 
 
-def check_finished(group: Group) -> None:
-    if not group.finished:
-        raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
-
-
-def check_tis(config: TrainerConfig, mini_size: int, num_groups: int) -> None:
-    """TIS weighs tokens by the trainer's starting log-probs, at hand only before a step's first update."""
-    if config.tis_cap and mini_size < num_groups:
-        raise ValueError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
-                         f"{mini_size} splits the step's {num_groups} groups: set trainer.mini_batch_groups=0")
-
-
 def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
     """Multiplier of `lr` at optimizer step `step` (0-based): linear warm-up, then constant or cosine."""
     if step < config.lr_warmup_steps:
@@ -234,72 +290,3 @@ def lr_factor(step: int, config: TrainerConfig, total_steps: int) -> float:
     span = max(1, total_steps - config.lr_warmup_steps)
     progress = min(1.0, (step - config.lr_warmup_steps) / span)
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-class _StepStats:
-    """Sums over a step's micro-batches, turned into veRL's actor metrics at the end."""
-
-    def __init__(self):
-        self.pg_numerator = self.kl_numerator = 0.0
-        self.tokens = self.clipped = self.approx_kl = self.entropy = 0.0
-        self.advantages: list[float] = []
-        self.pg_losses: list[float] = []
-        self.kl_losses: list[float] = []
-        self.grad_norms: list[float] = []
-        self.skipped = 0
-        # rollout/trainer mismatch on the tokens trained before the step's first update
-        self.probs_diff_sum = self.probs_diff_max = self.mismatch_tokens = 0.0
-        self.tis_weight = self.tis_truncated = 0.0
-
-    def add_mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
-        """|pi_trainer - pi_rollout| per token (veRL's `training/rollout_probs_diff_*`)."""
-        diff = (trainer_logp.float().exp() - rollout_logp.exp()).abs() * mask
-        self.probs_diff_sum += diff.sum().item()
-        self.probs_diff_max = max(self.probs_diff_max, diff.max().item() if diff.numel() else 0.0)
-        self.mismatch_tokens += mask.sum().item()
-
-    def end_mini_batch(self, denominator: float, grad_norm: float) -> None:
-        self.pg_losses.append(self.pg_numerator / denominator)
-        self.kl_losses.append(self.kl_numerator / denominator)
-        self.grad_norms.append(grad_norm)
-        self.pg_numerator = self.kl_numerator = 0.0
-
-    def totals(self) -> dict:
-        """What a rank hands the driver at the end of a step (plain Python, picklable)."""
-        return dict(vars(self))
-
-    @classmethod
-    def merged(cls, parts: list[dict]) -> "_StepStats":
-        """One step's stats from every rank's `totals()`: sums add up and advantages concatenate; the
-        per-mini-batch losses and gradient norms are global already (all-reduced), hence equal on all."""
-        out = cls()
-        for key in ("tokens", "clipped", "approx_kl", "entropy", "probs_diff_sum", "mismatch_tokens", "tis_weight",
-                    "tis_truncated"):
-            setattr(out, key, sum(p[key] for p in parts))
-        out.probs_diff_max = max(p["probs_diff_max"] for p in parts)
-        out.advantages = [a for p in parts for a in p["advantages"]]
-        for key in ("pg_losses", "kl_losses", "grad_norms", "skipped"):
-            setattr(out, key, parts[0][key])
-        return out
-
-    def metrics(self, lr: float) -> dict[str, float]:
-        tokens = max(self.tokens, 1.0)
-        adv = self.advantages or [0.0]
-        tis = {"actor/tis_weight_mean": self.tis_weight / tokens,
-               "actor/tis_clipfrac": self.tis_truncated / tokens} if self.tis_weight else {}
-        return tis | {
-            "training/rollout_probs_diff_mean": self.probs_diff_sum / max(self.mismatch_tokens, 1.0),
-            "training/rollout_probs_diff_max": self.probs_diff_max,
-            "actor/pg_loss": sum(self.pg_losses) / max(len(self.pg_losses), 1),
-            "actor/kl_loss": sum(self.kl_losses) / max(len(self.kl_losses), 1),
-            "actor/pg_clipfrac": self.clipped / tokens,
-            "actor/ppo_kl": self.approx_kl / tokens,
-            "actor/entropy": self.entropy / tokens,
-            "actor/grad_norm": sum(self.grad_norms) / max(len(self.grad_norms), 1),
-            "actor/lr": lr,
-            "actor/optimizer_steps": float(len(self.grad_norms)),
-            "actor/skipped_steps": float(self.skipped),
-            "critic/advantages/mean": sum(adv) / len(adv),
-            "critic/advantages/max": max(adv),
-            "critic/advantages/min": min(adv),
-        }
