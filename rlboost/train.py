@@ -44,6 +44,7 @@ from rlboost.tracking import MetricsTracker
 from rlboost.trainer import Trainer
 
 if TYPE_CHECKING:
+    from rlboost.cluster.ray_cluster import Cluster
     from rlboost.trainer.ranks import TrainerGroup
 
 RUN_LOG = "run.log"
@@ -116,12 +117,13 @@ class Run:
     """The step under way (0: the evaluation before the first)."""
     phase: str = "starting"
     """What the loop is doing: rollout, training, publishing weights, testing, saving a checkpoint."""
-    owns_ray: bool = False
-    """Whether this run started the Ray its trainer ranks use (colocated rollout at world_size > 1)."""
+    cluster: Cluster | None = None
+    """The run's Ray, shared by trainer ranks and rollout workers (None: a colocated run at world size 1
+    uses none)."""
 
     def close(self) -> None:
-        """Trainer ranks first (they live on the rollout's Ray in hybrid mode), then the rollout."""
-        close_all(self.trainer, self.rollout, self.owns_ray)
+        """Trainer ranks first (they live on the rollout's Ray in hybrid mode), then the rollout, then Ray."""
+        close_all(self.trainer, self.rollout, self.cluster)
 
     def status(self) -> str:
         """One line on what the step under way is doing now, for the console (any thread)."""
@@ -216,85 +218,77 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
     total_optimizer_steps = cfg.run.total_steps * optimizer_steps_per_step(cfg)
     loader = PromptLoader(train_set.rows, cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle)
     run_dir = run_dir or run_folder(cfg.run, config_path)
-    if cfg.trainer.world_size > 1:
-        trainer, rollout, restored, owns_ray = sharded_setup(cfg, run_dir, policy, loader, pad_token_id,
-                                                             total_optimizer_steps)
-    else:
-        ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
-        trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
-                          max_response_length=cfg.data.max_response_length,
-                          total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id, ref_model=ref)
-        restored = resume(cfg, run_dir, trainer, loader)
-        rollout, owns_ray = None, False
-    start_step = int(restored.get("global_step", 0))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    cluster = start_cluster(cfg)
+    trainer = rollout = None
     try:
+        if cfg.trainer.world_size > 1:
+            trainer, rollout, restored = sharded_setup(cfg, run_dir, policy, loader, pad_token_id,
+                                                       total_optimizer_steps, cluster)
+        else:
+            ref = load_model(cfg.model).model if cfg.trainer.kl_coef > 0 else None
+            trainer = Trainer(policy.model, cfg.trainer, temperature=cfg.rollout.temperature,
+                              max_response_length=cfg.data.max_response_length,
+                              total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id, ref_model=ref)
+            restored = resume(cfg, run_dir, trainer, loader)
+        start_step = int(restored.get("global_step", 0))
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         if rollout is None:
-            rollout = make_rollout(cfg, policy.eos_token_ids, trainer_weights(trainer, cfg, start_step), start_step)
+            rollout = make_rollout(cfg, policy.eos_token_ids, trainer_weights(trainer, cfg, start_step), start_step,
+                                   cluster)
         rollout.load_state_dict(restored.get("rollout", {}))
     except BaseException:
-        close_all(trainer, rollout, owns_ray)
+        close_all(trainer, rollout, cluster)
         raise
     cost = CostMeter(cfg.cost)
     if "cost" in restored:
         cost.load_state_dict(restored["cost"])
     return Run(cfg, run_dir, rollout, trainer, loader, scorer, policy.tokenizer, train_set, val_set, start_step,
-               version=start_step, cost=cost, owns_ray=owns_ray)
+               version=start_step, cost=cost, cluster=cluster)
+
+
+def start_cluster(cfg: RLBoostConfig) -> Cluster | None:
+    """The run's Ray, started (or joined at `cluster.ray_address`) once, for whichever needs it:
+    hybrid rollout's workers, trainer ranks (`trainer.world_size` > 1), or both. A colocated run at
+    world size 1 needs none (None). Only hybrid rollout stands up preemptible instances; without it
+    the whole local node is reserved."""
+    hybrid = cfg.rollout.mode == "hybrid"
+    if not hybrid and cfg.trainer.world_size == 1:
+        return None
+    from rlboost.cluster.ray_cluster import Cluster  # Ray is imported only when used
+
+    return Cluster(cfg.cluster, cfg.rollout.hybrid.instances if hybrid else None)
 
 
 def sharded_setup(cfg: RLBoostConfig, run_dir: Path, policy, loader: PromptLoader, pad_token_id: int,
-                  total_optimizer_steps: int):
-    """`trainer.world_size` > 1: the trainer ranks on Ray, restored if resuming, and the rollout.
-    Hybrid rollout starts the run's Ray itself, so it comes first, serving the weights as loaded, and
-    is given the restored version after a resume. Returns (trainer, rollout or None, restored state,
-    whether this run started Ray for the ranks)."""
-    import ray
-
+                  total_optimizer_steps: int, cluster: Cluster):
+    """`trainer.world_size` > 1: the trainer ranks on the run's cluster, restored if resuming, and the
+    rollout. Hybrid rollout is built first, serving the weights as loaded, and is given the restored
+    version after a resume. Returns (trainer, rollout or None, restored state); closes what it built
+    if it fails."""
     from rlboost.trainer.ranks import TrainerGroup
 
-    rollout, owns_ray, trainer = None, False, None
+    rollout, trainer = None, None
     try:
         if cfg.rollout.mode == "hybrid":
             weights = {name: p.detach() for name, p in policy.model.named_parameters()}
-            rollout = make_rollout(cfg, policy.eos_token_ids, weights, 0)
+            rollout = make_rollout(cfg, policy.eos_token_ids, weights, 0, cluster)
             del weights
-        elif not ray.is_initialized():
-            start_trainer_ray(cfg)
-            owns_ray = True
         try:
             trainer = TrainerGroup(cfg.trainer, cfg.model, temperature=cfg.rollout.temperature,
                                    max_response_length=cfg.data.max_response_length,
                                    total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id,
-                                   ref_model=cfg.model if cfg.trainer.kl_coef > 0 else None)
+                                   ref_model=cfg.model if cfg.trainer.kl_coef > 0 else None, cluster=cluster)
         except ValueError as e:  # a world size the cluster cannot place
             raise ConfigError(str(e)) from e
         restored = resume(cfg, run_dir, trainer, loader)
         start_step = int(restored.get("global_step", 0))
         if rollout is not None and start_step:
             rollout.publish(trainer_weights(trainer, cfg, start_step), version=start_step)
-        return trainer, rollout, restored, owns_ray
+        return trainer, rollout, restored
     except BaseException:
-        close_all(trainer, rollout, owns_ray)
+        close_all(trainer, rollout, None)
         raise
-
-
-def start_trainer_ray(cfg: RLBoostConfig) -> None:
-    """The Ray of a colocated run's trainer ranks: the cluster at `rollout.hybrid.ray_address`, or a
-    local one secured like a hybrid run's (`rollout.hybrid.ray`), all of it reserved."""
-    import os
-
-    import ray
-
-    from rlboost.hybrid.ray_setup import route_ray_messages, start_local_ray
-    from rlboost.rollout.step_data import RESERVED
-
-    h = cfg.rollout.hybrid
-    if h.ray_address:
-        route_ray_messages()
-        ray.init(address=h.ray_address, logging_level="ERROR", log_to_driver=False)
-    else:
-        start_local_ray(h.ray, {RESERVED: 10_000}, os.cpu_count() or 1)
 
 
 def trainer_weights(trainer: Trainer | TrainerGroup, cfg: RLBoostConfig, version: int):
@@ -303,28 +297,27 @@ def trainer_weights(trainer: Trainer | TrainerGroup, cfg: RLBoostConfig, version
     (the workers pull it), the pulled tensors for the colocated engine in this process."""
     if isinstance(trainer, Trainer):
         return trainer.weights()
-    from rlboost.hybrid.weights import pull
+    from rlboost.cluster.weights import pull
 
-    h = cfg.rollout.hybrid
-    manifest = trainer.publish(version, h.weights.bucket_mb)
+    w = cfg.cluster.weights
+    manifest = trainer.publish(version, w.bucket_mb)
     if cfg.rollout.mode == "hybrid":
         return manifest
-    return pull(manifest, manifest.fingerprint, h.weights.pull_timeout_s)
+    return pull(manifest, manifest.fingerprint, w.pull_timeout_s)
 
 
-def close_all(trainer, rollout, owns_ray: bool) -> None:
+def close_all(trainer, rollout, cluster: Cluster | None) -> None:
     if trainer is not None and not isinstance(trainer, Trainer):
         trainer.close()
     if rollout is not None:
         rollout.close()
-    if owns_ray:
-        import ray
-
-        ray.shutdown()
+    if cluster is not None:
+        cluster.shutdown()
 
 
-def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int):
-    """The rollout backend of `rollout.mode`, serving exactly the trainer's weights at `version`."""
+def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version: int, cluster: Cluster | None):
+    """The rollout backend of `rollout.mode`, serving exactly the trainer's weights at `version`
+    (hybrid: its workers on `cluster`)."""
     histopipe = HistoPipe(cfg.rollout.histopipe) if cfg.rollout.histopipe.enabled else None
     if cfg.rollout.mode == "hybrid":
         from rlboost.hybrid.rollout import HybridRollout  # Ray is imported only when used
@@ -334,7 +327,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         histospec = cfg.rollout.histospec if cfg.rollout.histospec.enabled else None
         spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s,
                           histospec)
-        return HybridRollout(h, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
+        return HybridRollout(h, cluster, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())
     if cfg.engine.backend == "vllm":
@@ -427,11 +420,14 @@ def resume(cfg: RLBoostConfig, run_dir: Path, trainer: Trainer | TrainerGroup, l
 
 def validate(cfg: RLBoostConfig) -> None:
     """Every section's own checks, as ConfigErrors (the CLI reports them without a traceback)."""
-    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.reward, cfg.cost, cfg.tracking, cfg.run):
+    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.cluster, cfg.reward, cfg.cost, cfg.tracking,
+                    cfg.run):
         try:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    if cfg.rollout.hybrid.provider == "ray_cluster" and not cfg.cluster.ray_address:
+        raise ConfigError("rollout.hybrid.provider=ray_cluster needs cluster.ray_address (a running cluster)")
     try:
         cfg.engine.check_histospec(cfg.rollout.histospec.enabled)
     except ValueError as e:
@@ -446,10 +442,10 @@ def validate(cfg: RLBoostConfig) -> None:
 
 def check_local_devices(cfg: RLBoostConfig) -> None:
     """A local run's trainer ranks need a device each (a GPU on CUDA, a CPU core otherwise): refuse
-    more before anything starts. On a cluster (`rollout.hybrid.ray_address`) Ray's resources decide,
+    more before anything starts. On a cluster (`cluster.ray_address`) Ray's resources decide,
     checked when the ranks are placed."""
     t = cfg.trainer
-    if t.world_size == 1 or cfg.rollout.hybrid.ray_address:
+    if t.world_size == 1 or cfg.cluster.ray_address:
         return
     import os
 

@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass, field
 
 from rlboost.policies.profile import ThroughputProfile
-from rlboost.rollout.step_state import PREEMPTIBLE, RESERVED
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 
 
 class Lifecycle(enum.Enum):

@@ -40,11 +40,12 @@ import threading
 import time
 from collections.abc import Callable
 
+from rlboost.cluster.config import WeightsConfig
+from rlboost.cluster.manifest import WeightManifest
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, Lifecycle, WorkerHandle
 from rlboost.hybrid.pulls import PullTracker
-from rlboost.hybrid.wire import WeightManifest
 from rlboost.policies.handoff import StepOutlook
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
 from rlboost.rollout.sample import Group
@@ -52,7 +53,7 @@ from rlboost.run_log import event
 
 
 class RolloutManager:
-    def __init__(self, cfg: HybridConfig):
+    def __init__(self, cfg: HybridConfig, weights: WeightsConfig):
         self.cfg = cfg
         self.workers: dict[str, WorkerHandle] = {}
         self.lock = threading.Lock()
@@ -60,7 +61,7 @@ class RolloutManager:
         self.inbox: queue.SimpleQueue[tuple[str, str, object]] = queue.SimpleQueue()
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
-        self.pulls = PullTracker(cfg.weights.pull_timeout_s, cfg.weights.pull_retries, cfg.call_timeout_s)
+        self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
         self.run = None
         """The step under way (a StepRun), None between steps."""
         self.on_retire: Callable[[WorkerHandle], None] | None = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from rlboost.run_log import event
 from rlboost.hybrid.handles import PREEMPTIBLE, Call, Lifecycle, WorkerHandle, first_line
-from rlboost.hybrid.wire import PullResult, WeightManifest
+from rlboost.cluster.manifest import PullResult, WeightManifest
 
 
 @dataclass

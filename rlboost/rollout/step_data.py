@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 from rlboost.policies.profile import ThroughputProfile
 
-RESERVED, PREEMPTIBLE = "reserved", "preemptible"
 MIGRATIONS = ("token", "recompute")
 
 
