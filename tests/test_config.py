@@ -94,7 +94,7 @@ def test_hybrid_settings_are_checked(override, message):
     ("rollout.hybrid.provider=ray_cluster", "rollout.hybrid.provider=ray_cluster needs cluster.ray_address"),
 ])
 def test_cluster_settings_are_checked_before_anything_starts(override, message):
-    from rlboost.train import validate
+    from rlboost.assembly import validate
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(load_config(RLBoostConfig, overrides=[override]))
@@ -118,7 +118,7 @@ def test_a_key_that_moved_to_the_cluster_section_is_named_with_its_new_place(old
 
 
 def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_starts():
-    from rlboost.train import validate
+    from rlboost.assembly import validate
 
     cfg = load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "trainer.mini_batch_groups=1",
                                                 "data.train_batch_size=4"])
@@ -129,7 +129,7 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
 
 
 def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
-    from rlboost.train import validate
+    from rlboost.assembly import validate
 
     cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"])
     with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "

@@ -1,5 +1,5 @@
 """The package's structure, as code: imports run one way (policies -> engine -> rollout, cluster ->
-hybrid / trainer -> sim / bench -> train / cli), the light entry points load neither Ray
+hybrid / trainer -> sim / bench -> assembly / train / cli), the light entry points load neither Ray
 nor torch, and no module needs a table of contents."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ LAYERS = [
     {"rollout", "cluster"},                                                  # the step, colocated rollout; Ray, weights
     {"hybrid", "trainer", "checkpoint"},                                     # Ray runtime, training
     {"sim", "bench"},                                                        # simulator, benchmarks
-    {"config", "train", "cli"},                                              # the run and the command
+    {"config", "assembly", "train", "cli"},                                  # the run and the command
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 MAX_LINES = 600

@@ -7,5 +7,5 @@ Layering: beside `rlboost.rollout`, under `rlboost.hybrid` and `rlboost.trainer`
 of them nor `rlboost.rollout` (the step's state machine names its worker kinds after `resources`).
 Nothing is imported here, so configs and the step's state machine never load Ray.
 
-Lifetime: the run's assembly (`rlboost.train.setup`) builds one `Cluster` and hands it to the fleet
+Lifetime: the run's assembly (`rlboost.assembly`) builds one `Cluster` and hands it to the fleet
 and the trainer group; only its `shutdown` ends Ray."""
