@@ -183,7 +183,6 @@ def check_keys(schema: type, data: dict, origin: str, prefix: str = "") -> None:
             check_keys(sub, value, origin, prefix=f"{dotted}.")
 
 
-
 def _first_leaf(value) -> str:
     """`.a.b` for {"a": {"b": 1}}: the first full key under a section, "" for a plain value."""
     path = ""

@@ -3,11 +3,13 @@ preemptions.
 
 Reserved workers are actors needing the `reserved` resource of the driver's node. A preemptible
 instance is either a worker process of the same node (`instances=processes`) or a Ray node of its
-own started on this machine (`instances=nodes`, `Cluster.start_node`). The fleet ends its workers and
-nodes; Ray itself is the `Cluster`'s, which outlives the fleet. Preempting an instance is a hard kill: SIGKILL of
-its process, or removal of its Ray node plus SIGKILL of its processes (a vanished VM takes its
-processes with it; a removed local node alone leaves them running). Nothing tells the manager: it
-finds out the way it would on a real cluster.
+own started on this machine (`instances=nodes`, `Cluster.start_node`). Preempting an instance is a
+hard kill: SIGKILL of its process, or removal of its Ray node plus SIGKILL of its processes (a
+vanished VM takes its processes with it; a removed local node alone leaves them running). Nothing
+tells the manager: it finds out the way it would on a real cluster.
+
+The fleet ends its workers and their nodes (`shutdown`); Ray itself is the run's `Cluster`, which
+outlives the fleet.
 """
 
 from __future__ import annotations
