@@ -1,12 +1,13 @@
 """Config loading: one dataclass per component, YAML files plus dotted `key=value` overrides.
 
-`RLBoostConfig` assembles the run's sections; `RolloutConfig` (the `rollout` section) lives here too,
+`RLBoostConfig` assembles the run's sections (`cluster.*` at the top: the trainer's ranks and the
+hybrid rollout's workers share one Ray); `RolloutConfig` (the `rollout` section) lives here too,
 as it holds the hybrid backend's section (`rollout.hybrid`), which sits above the rollout package.
 
 Every component owns a config dataclass documented field by field (see `EngineConfig`). This module
 only merges sources onto such a dataclass, in order: the dataclass defaults, then the YAML file, then
 the command-line overrides. Unknown keys are errors that list the valid keys at that level, so a typo
-never silently falls back to a default.
+never silently falls back to a default; a key that moved (`MOVED`) is an error naming its new place.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Sequence, TypeVar
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rlboost.cluster.config import ClusterConfig
 from rlboost.data.config import DataConfig
 from rlboost.engine.config import EngineConfig
 from rlboost.histospec.config import HistoSpecConfig
@@ -95,6 +97,8 @@ class RLBoostConfig:
     """Where rollout runs and how responses are sampled."""
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     """Optimizer and GRPO loss."""
+    cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
+    """The Ray the trainer ranks and the hybrid rollout's workers share, and the weight store."""
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     """The reward function."""
     cost: CostConfig = dataclasses.field(default_factory=CostConfig)
@@ -103,6 +107,11 @@ class RLBoostConfig:
     """Metric sinks, console and the end-of-run report."""
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     """The run's folder, length, checkpoint/eval schedule, resume and seed."""
+
+
+MOVED = {"rollout.hybrid.ray_address": "cluster.ray_address", "rollout.hybrid.ray": "cluster.ray",
+         "rollout.hybrid.weights": "cluster.weights"}
+"""Keys of earlier versions -> where they are now: a config that uses one is told the new key."""
 
 
 class ConfigError(ValueError):
@@ -156,6 +165,10 @@ def check_keys(schema: type, data: dict, origin: str, prefix: str = "") -> None:
     hints = typing.get_type_hints(schema)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
+        if key not in fields and dotted in MOVED:
+            leaf = _first_leaf(value)
+            raise ConfigError(f"{origin}: `{dotted}{leaf}` moved to `{MOVED[dotted]}{leaf}` (Ray and the weight "
+                              f"store serve the trainer too, so their section is the top-level `cluster`)")
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" Did you mean `{prefix}{close[0]}`?" if close else ""
@@ -169,3 +182,11 @@ def check_keys(schema: type, data: dict, origin: str, prefix: str = "") -> None:
                 raise ConfigError(f"{origin}: `{dotted}` is a section; give its keys, e.g. {dotted}.<key>=...")
             check_keys(sub, value, origin, prefix=f"{dotted}.")
 
+
+def _first_leaf(value) -> str:
+    """`.a.b` for {"a": {"b": 1}}: the first full key under a section, "" for a plain value."""
+    path = ""
+    while isinstance(value, dict) and value:
+        key, value = next(iter(value.items()))
+        path += f".{key}"
+    return path

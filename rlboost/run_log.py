@@ -3,7 +3,7 @@
 Contract: code reports what happened to the run (an instance preempted, joined, given back) with
 `event(...)`, an INFO record of the `rlboost.events` logger, and anything else through loggers under
 `rlboost`. Ray's own messages (its raylet's paragraphs on every worker death, its warnings) are routed
-by `rlboost.hybrid.ray_setup` to the `rlboost.ray` logger at INFO. Inside `run_log(path, console)`:
+by `rlboost.cluster.ray_setup` to the `rlboost.ray` logger at INFO. Inside `run_log(path, console)`:
 - the log file gets every record of `rlboost.*` and of Ray's `ray` logger, with a timestamp and
   its logger's name;
 - the console gets the events and our own warnings and errors, one line each, never Ray's messages:

@@ -74,7 +74,7 @@ def no_ray_left_behind():
     if "ray" in sys.modules:
         import ray
 
-        from rlboost.hybrid.ray_setup import kill_leftover_nodes
+        from rlboost.cluster.ray_setup import kill_leftover_nodes
 
         kill_leftover_nodes()
         if ray.is_initialized():

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle
+from rlboost.hybrid.handles import WorkerHandle
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.step_run import StepRun
 from rlboost.hybrid.worker import WorkerSpec, read_ledger
@@ -71,15 +74,32 @@ def weights(model: ModelConfig = MODEL) -> dict:
     return {name: p.detach() for name, p in load_model(model).model.named_parameters()}
 
 
+class OwnClusterFleet(Fleet):
+    """A test's fleet on a cluster of its own: its shutdown ends the cluster too, as each test module
+    starts fleets one after another in one process."""
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self.cluster.shutdown()
+
+
+CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterConfig)}
+
+
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[Fleet, dict]:
-    """A fleet of 1 reserved and `num_preemptible` workers serving version 0; shut down again if any
+    """A fleet of 1 reserved and `num_preemptible` workers serving version 0, on a cluster of its own
+    (`cfg`: fields of HybridConfig and of ClusterConfig); shut down again, cluster included, if any
     part of it fails to start, so a failure never leaves Ray running for the tests after it."""
     cfg.setdefault("call_timeout_s", patience(120))
+    cluster_cfg = ClusterConfig(**{k: cfg.pop(k) for k in CLUSTER_KEYS & set(cfg)})
     hybrid = HybridConfig(num_preemptible=num_preemptible, ledger_dir=str(tmp / "ledgers"), **cfg)
     # frequent heartbeats leave a wide margin under the short timeouts some tests set
     spec = dataclasses.replace(WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25),
                                **(spec_overrides or {}))
-    fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
+    cluster = Cluster(cluster_cfg, hybrid.instances)
+    fleet = OwnClusterFleet(hybrid, spec, RolloutManager(hybrid, cluster_cfg.weights), cluster)
     try:
         state = weights(spec.model)
         fleet.publish(state, version=0)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hybrid_util import run_step, start_fleet
-from rlboost.hybrid.config import RaySecurityConfig
+from rlboost.cluster.config import RaySecurityConfig
 
 
 def _busy() -> None:

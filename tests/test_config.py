@@ -31,7 +31,7 @@ def test_unknown_key_in_yaml_lists_valid_keys(tmp_path):
 
 
 def test_unknown_override_and_section():
-    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: cost, data, engine, model, "
+    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: cluster, cost, data, engine, model, "
                                           "reward, rollout, run, tracking, trainer"):
         load_config(RLBoostConfig, overrides=["optim.lr=1"])
     with pytest.raises(ConfigError, match="`engine` is a section"):
@@ -75,7 +75,6 @@ def test_shipped_configs_are_valid_and_complete():
     ("rollout.hybrid.instances=vms", "rollout.hybrid.instances='vms'; choose one of processes, nodes"),
     ("rollout.hybrid.heartbeat_timeout_s=0.5", "heartbeat_timeout_s must exceed heartbeat_interval_s"),
     ("rollout.hybrid.seed_window_s=-1", "rollout.hybrid.seed_window_s must be >= 0"),
-    ("rollout.hybrid.ray.worker_niceness=-5", "rollout.hybrid.ray.worker_niceness must be an integer from 0 to 19"),
     ("rollout.mode=spot", "rollout.mode='spot'; choose one of colocated, hybrid"),
     ("rollout.histopipe.overrun_factor=0.5", "rollout.histopipe.overrun_factor must be a finite number >= 1"),
     ("rollout.histospec.min_order=9", "rollout.histospec.max_order must be >= min_order"),
@@ -88,8 +87,38 @@ def test_hybrid_settings_are_checked(override, message):
         load_config(RLBoostConfig, overrides=["rollout.hybrid.seed_window=1"])
 
 
+@pytest.mark.parametrize("override, message", [
+    ("cluster.ray.worker_niceness=-5", "cluster.ray.worker_niceness must be an integer from 0 to 19"),
+    ("cluster.ray.bind_host=0.0.0.0", "cluster.ray.bind_host='0.0.0.0' is not an address other machines can reach"),
+    ("cluster.weights.bucket_mb=0", "cluster.weights.bucket_mb must be > 0"),
+    ("rollout.hybrid.provider=ray_cluster", "rollout.hybrid.provider=ray_cluster needs cluster.ray_address"),
+])
+def test_cluster_settings_are_checked_before_anything_starts(override, message):
+    from rlboost.assembly import validate
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(load_config(RLBoostConfig, overrides=[override]))
+    validate(load_config(RLBoostConfig, overrides=["cluster.ray.worker_niceness=19", "cluster.weights.bucket_mb=8"]))
+
+
+@pytest.mark.parametrize("old, new", [
+    ("rollout.hybrid.ray_address=HEAD:6379", "cluster.ray_address"),
+    ("rollout.hybrid.ray.worker_niceness=5", "cluster.ray.worker_niceness"),
+    ("rollout.hybrid.weights.pull_timeout_s=30", "cluster.weights.pull_timeout_s"),
+])
+def test_a_key_that_moved_to_the_cluster_section_is_named_with_its_new_place(old, new, tmp_path):
+    key = old.split("=")[0]
+    with pytest.raises(ConfigError, match=re.escape(f"`{key}` moved to `{new}`")):
+        load_config(RLBoostConfig, overrides=[old])
+    yaml = tmp_path / "old.yaml"
+    yaml.write_text("rollout:\n  hybrid:\n    ray:\n      worker_niceness: 5\n")
+    with pytest.raises(ConfigError, match=re.escape("`rollout.hybrid.ray.worker_niceness` moved to "
+                                                    "`cluster.ray.worker_niceness`")):
+        load_config(RLBoostConfig, yaml)
+
+
 def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_starts():
-    from rlboost.train import validate
+    from rlboost.assembly import validate
 
     cfg = load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "trainer.mini_batch_groups=1",
                                                 "data.train_batch_size=4"])
@@ -100,7 +129,7 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
 
 
 def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
-    from rlboost.train import validate
+    from rlboost.assembly import validate
 
     cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"])
     with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "

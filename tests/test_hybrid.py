@@ -33,7 +33,7 @@ def fleet(tmp_path_factory):
 
 
 def test_unkilled_step_matches_the_single_engine(fleet, ref):
-    from rlboost.hybrid.ray_setup import non_loopback_listeners
+    from rlboost.cluster.ray_setup import non_loopback_listeners
 
     assert os.environ.get("RAY_AUTH_MODE") == "token"  # the run's Ray demands its token
     out, run = run_step(fleet)

@@ -12,7 +12,7 @@ import ray
 
 from hybrid_util import (ENGINE, MODEL, busiest, check_invariants, handed_off, patience, reference, run_step,
                          start_fleet)
-from rlboost.hybrid import weights as ws
+from rlboost.cluster import weights as ws
 from rlboost.hybrid.fleet import WorkerActor
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle
 from rlboost.models import ModelConfig, load_model

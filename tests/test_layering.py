@@ -1,7 +1,7 @@
-"""The package's structure, as code: imports run one way (policies -> engine -> rollout -> hybrid /
-trainer -> sim / bench -> train / cli), the light entry points (the config, `rlboost simulate`,
-`rlboost report`, the command's help) load neither Ray nor torch, and no module needs a table of
-contents."""
+"""The package's structure, as code: imports run one way (policies -> engine -> rollout, cluster ->
+hybrid / trainer -> sim / bench -> assembly / train / cli), the light entry points (the config,
+`rlboost simulate`, `rlboost report`, the command's help) load neither Ray nor torch, and no module
+needs a table of contents."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ ROOT = Path(rlboost.__file__).parent
 LAYERS = [
     {"policies", "spot", "_lazy", "run_log", "stopping", "tables"},          # pure decisions, utilities
     {"engine", "histospec", "models", "data", "rewards", "tracking", "run_dir"},  # engine and its peers
-    {"rollout"},                                                             # the step, colocated rollout
+    {"rollout", "cluster"},                                                  # the step, colocated rollout; Ray, weights
     {"hybrid", "trainer", "checkpoint"},                                     # Ray runtime, training
     {"sim", "bench"},                                                        # simulator, benchmarks
-    {"config", "train", "cli"},                                              # the run and the command
+    {"config", "assembly", "train", "cli"},                                  # the run and the command
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 MAX_LINES = 600
@@ -63,6 +63,13 @@ def test_the_runtime_never_imports_the_simulator_nor_rollout_the_runtime():
         assert not {m for m in imports_of(path) if m.startswith("rlboost.hybrid")}, path
 
 
+def test_the_cluster_layer_serves_rollout_and_imports_none_of_it():
+    """Rollout names its worker kinds after the cluster's resources, so imports run rollout -> cluster,
+    never back; hybrid and trainer (above) are out of reach already."""
+    for path in (ROOT / "cluster").rglob("*.py"):
+        assert not {m for m in imports_of(path) if m.startswith("rlboost.rollout")}, path
+
+
 def loaded_after(code: str) -> set[str]:
     """Which of ray and torch are in sys.modules after running `code` in a fresh interpreter."""
     probe = f"{code}\nimport sys\nprint('loaded:', *(m for m in ('ray', 'torch') if m in sys.modules))"
@@ -71,7 +78,8 @@ def loaded_after(code: str) -> set[str]:
 
 
 def test_configs_the_trainer_the_policies_and_the_simulator_load_no_ray():
-    assert "ray" not in loaded_after("import rlboost.config, rlboost.trainer, rlboost.policies, rlboost.sim.simulator")
+    assert "ray" not in loaded_after("import rlboost.config, rlboost.trainer, rlboost.policies, rlboost.sim.simulator, "
+                                     "rlboost.cluster.config, rlboost.cluster.manifest, rlboost.cluster.resources")
 
 
 def test_the_config_loads_neither_torch_nor_ray():

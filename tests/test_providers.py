@@ -9,8 +9,7 @@ import time
 
 
 from hybrid_util import check_invariants, patience, reference, run_step, start_fleet
-from rlboost.hybrid.fleet import MANY
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.cluster.resources import MANY, PREEMPTIBLE, RESERVED
 from rlboost.hybrid.providers import RayClusterPool, TraceProvider
 from rlboost.spot import SpotTrace, TraceReplay
 
@@ -82,8 +81,9 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
 def test_the_ray_cluster_pool_serves_nodes_with_the_preemptible_resource(tmp_path):
     import ray
 
-    from rlboost.hybrid.fleet import FAST_NODE_HEALTH
-    from rlboost.hybrid.ray_setup import RaySecurityConfig, add_node, start_local_cluster
+    from rlboost.cluster.config import RaySecurityConfig
+    from rlboost.cluster.ray_cluster import FAST_NODE_HEALTH
+    from rlboost.cluster.ray_setup import add_node, start_local_cluster
 
     ref = reference()
     security = RaySecurityConfig()

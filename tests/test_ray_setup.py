@@ -1,4 +1,4 @@
-"""Ray started by rlboost.hybrid.ray_setup: token authentication on, every server on loopback.
+"""Ray started by rlboost.cluster.ray_setup: token authentication on, every server on loopback.
 
 Ray runs in this process (one instance at a time: a class-scoped fixture each); clients that try to
 join it run as subprocesses with a controlled environment. Every fixture puts os.environ and the Ray
@@ -15,9 +15,9 @@ import sys
 import pytest
 import ray
 
-from rlboost.hybrid import ray_setup
-from rlboost.hybrid.ray_setup import (
-    RaySecurityConfig,
+from rlboost.cluster import ray_setup
+from rlboost.cluster.config import RaySecurityConfig
+from rlboost.cluster.ray_setup import (
     add_node,
     gcs_refuses_unauthenticated,
     listening_addresses,
@@ -245,7 +245,7 @@ class TestLocalCluster:
     (dict(auth_token="yes"), "auth_token"),
 ])
 def test_validate_rejects(kwargs, field):
-    with pytest.raises(ValueError, match=rf"rollout\.hybrid\.ray\.{field}"):
+    with pytest.raises(ValueError, match=rf"cluster\.ray\.{field}"):
         RaySecurityConfig(**kwargs).validate()
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from conftest import make_engine, random_prompts
+from rlboost.cluster.config import WeightsConfig
 from rlboost.engine import SamplingParams
 from rlboost.histospec.history import prompt_key
 from rlboost.hybrid.config import HybridConfig
@@ -90,7 +91,7 @@ def test_colocated_rollout_admits_samples_in_histopipe_order_and_checkpoints_the
 
 
 def test_the_manager_dispatches_the_given_order_and_rejects_a_partial_one():
-    manager = RolloutManager(HybridConfig())
+    manager = RolloutManager(HybridConfig(), WeightsConfig())
     groups = make_groups(1, PROMPTS)
     order = ["1:3:1", "1:0:0", "1:2:0", "1:1:1", "1:3:0", "1:0:1", "1:2:1", "1:1:0"]
 

@@ -284,7 +284,8 @@ def test_a_light_rollout_worker_never_imports_torch():
     # The worker's module, the emulated engine, the messages and manifest it unpickles, and a pull's
     # verification: none of them loads torch.
     code = ("import sys; import rlboost.hybrid.worker, rlboost.sim.emulated, rlboost.hybrid.wire, "
-            "rlboost.hybrid.weights; assert 'torch' not in sys.modules, 'torch was imported'")
+            "rlboost.cluster.manifest, rlboost.cluster.weights; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -7,7 +7,6 @@ torch.distributed gloo group, FSDP2-sharded tiny models. The world-1 reference i
 from __future__ import annotations
 
 import copy
-import json
 import os
 import random
 import time
@@ -19,10 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlboost.checkpoint import load_checkpoint, save_checkpoint
-from rlboost.cli import main
-from rlboost.hybrid.config import RaySecurityConfig
-from rlboost.hybrid.ray_setup import start_local_ray
-from rlboost.hybrid.weights import pull
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.weights import pull
 from rlboost.models import ModelConfig, load_model
 from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
 from rlboost.trainer.ranks import TrainerGroup, TrainerRankError, check_world_size
@@ -38,14 +36,14 @@ STILL = dict(lr=1e-12, weight_decay=0.0, grad_clip=0.0, device="cpu")
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def cluster():
     # logical CPUs for two groups of two ranks: a module-scoped group stays up (idle) while a test
     # starts a group of its own
-    start_local_ray(RaySecurityConfig(), {"reserved": 100}, num_cpus=4)
+    cluster = Cluster(ClusterConfig(), num_cpus=4)
     try:
-        yield
+        yield cluster
     finally:
-        ray.shutdown()
+        cluster.shutdown()
 
 
 def trainer_kwargs():
@@ -71,9 +69,9 @@ def max_rel_diff(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 @pytest.fixture(scope="module", params=[0.0, 0.1], ids=["no-kl", "kl"])
-def group(request, local_ray):
+def group(request, cluster):
     g = TrainerGroup(TrainerConfig(world_size=2, kl_coef=request.param, **STILL), POLICY,
-                     ref_model=REFERENCE if request.param else None, **trainer_kwargs())
+                     ref_model=REFERENCE if request.param else None, cluster=cluster, **trainer_kwargs())
     g.capture_grads()
     try:
         yield g, request.param
@@ -147,7 +145,7 @@ def test_a_world_size_the_cluster_cannot_place_is_refused():
 MOVING = dict(lr=1e-2, eps=1.0, grad_clip=0.0, device="cpu")
 
 
-def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(local_ray):
+def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(cluster):
     """One step at world 2 and at world 1 on the same groups: the version each publishes holds the same
     tensors (checksums verified by the pull), and no rank held more than one bucket while publishing."""
     groups = make_groups(num_groups=4, n=3, seed=13)
@@ -157,7 +155,8 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(local_ray)
     world1.train_step(copy.deepcopy(groups), len(groups))
     want = world1.weights()
     bucket_mb = 0.05  # ~52 KB: the tiny model (~180 KB) goes out in several buckets
-    trainers = TrainerGroup(TrainerConfig(world_size=2, micro_batch_groups=2, **MOVING), POLICY, **trainer_kwargs())
+    trainers = TrainerGroup(TrainerConfig(world_size=2, micro_batch_groups=2, **MOVING), POLICY, cluster=cluster,
+                            **trainer_kwargs())
     try:
         trainers.train_step(copy.deepcopy(groups), len(groups))
         manifest = trainers.publish(version=1, bucket_mb=bucket_mb)
@@ -174,7 +173,7 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(local_ray)
         trainers.close()
 
 
-def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(local_ray, tmp_path):
+def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(cluster, tmp_path):
     """A checkpoint after one step, then the second step: resumed at world 2 it gives the uninterrupted
     run's metrics; the same checkpoint resumes at world 1 (2 -> 1), and a world-1 checkpoint at world 2
     (1 -> 2), each to the metrics of the run that never stopped. The hf/ folder loads with transformers."""
@@ -186,7 +185,7 @@ def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(local_
         return Trainer(load_model(POLICY).model, TrainerConfig(share_prompt=False, **cfg), **kwargs)
 
     def world2() -> TrainerGroup:
-        return TrainerGroup(TrainerConfig(world_size=2, **cfg), POLICY, **kwargs)
+        return TrainerGroup(TrainerConfig(world_size=2, **cfg), POLICY, cluster=cluster, **kwargs)
 
     def close_to(got: dict, want: dict, rel: float) -> None:
         assert got.keys() == want.keys()
@@ -230,12 +229,12 @@ def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(local_
         up.close()
 
 
-def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(local_ray):
+def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(cluster):
     """Rank 1 SIGKILLs itself as its first micro-batch pass of step 2 begins, while rank 0 runs the same
     pass and waits for it in a collective: the step fails at once with an error naming rank 1 and step
     2, the ranks are torn down, and the group refuses further work."""
     groups = make_groups(num_groups=4, n=3, seed=31)
-    trainers = TrainerGroup(TrainerConfig(world_size=2, **MOVING), POLICY, **trainer_kwargs())
+    trainers = TrainerGroup(TrainerConfig(world_size=2, **MOVING), POLICY, cluster=cluster, **trainer_kwargs())
     try:
         trainers.train_step(copy.deepcopy(groups), 4, step=1)
         passes = ray.get(trainers.ranks[1].script_fault.remote(""))
@@ -267,29 +266,13 @@ def alive(pid: int) -> bool:
         return False
 
 
-def test_bench_trainer_writes_memory_time_and_gradient_per_world_size(local_ray, tmp_path):
-    out = tmp_path / "bench.json"
-    assert main(["bench", "trainer", "--world-sizes", "1,2", "--model", "tiny:qwen2", "--steps", "1",
-                 "--json", str(out)]) == 0
-    results = json.loads(out.read_text())["results"]
-    assert [r["world_size"] for r in results] == [1, 2]
-    for r in results:
-        assert set(r) == {"world_size", "param_grad_optim_bytes_per_rank", "step_s", "grad_max_rel_diff_vs_world1"}
-        assert r["step_s"] > 0 and r["grad_max_rel_diff_vs_world1"] <= 1e-5
-    one, two = (r["param_grad_optim_bytes_per_rank"] for r in results)
-    params = list(load_model(POLICY).model.parameters())
-    # fp32 weights, gradients and AdamW's two moments, plus its 4-byte step counter per tensor
-    assert one == 16 * sum(p.numel() for p in params) + 4 * len(params)
-    assert two <= 0.55 * one
-
-
-def test_an_hsdp_mesh_gives_the_world_1_gradient_too(local_ray):
+def test_an_hsdp_mesh_gives_the_world_1_gradient_too(cluster):
     """trainer.shard_size=1 at world 2: a (replicate=2, shard=1) mesh, each rank a whole replica whose
     gradients FSDP2 all-reduces across replicas; the update is still world 1's."""
     groups = make_groups(num_groups=5, n=3, seed=51)
     want = world1_grads(groups, 0.0, micro_batch_groups=1, mini_batch_groups=2)
     trainers = TrainerGroup(TrainerConfig(world_size=2, shard_size=1, micro_batch_groups=1, mini_batch_groups=2,
-                                          **STILL), POLICY, **trainer_kwargs())
+                                          **STILL), POLICY, cluster=cluster, **trainer_kwargs())
     try:
         trainers.capture_grads()
         trainers.train_step(copy.deepcopy(groups), len(groups))

@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from rlboost.hybrid import weights as ws
+from rlboost.cluster import weights as ws
 from rlboost.models import tiny_model
 
 
@@ -90,5 +90,5 @@ def test_a_pull_that_cannot_complete_times_out():
 
 def test_config_errors_name_the_field():
     for field, value in (("bucket_mb", 0), ("pull_timeout_s", -1), ("pull_retries", -1)):
-        with pytest.raises(ValueError, match=f"rollout.hybrid.weights.{field}"):
+        with pytest.raises(ValueError, match=f"cluster.weights.{field}"):
             ws.WeightsConfig(**{field: value}).validate()

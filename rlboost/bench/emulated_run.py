@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from rlboost.bench.emulation_config import EOS, TINY_MODEL, CheckConfig
 from rlboost.models.config import ModelConfig
@@ -150,6 +150,8 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     """Run the steps on the real runtime with emulated workers. Returns (steps, modelled provisioning
     time of the instances that joined, wall seconds to the first step, wall seconds in all, the
     workers' memory after the first step)."""
+    from rlboost.cluster.config import ClusterConfig, WeightsConfig
+    from rlboost.cluster.ray_cluster import Cluster
     from rlboost.engine import EngineConfig, SamplingParams
     from rlboost.hybrid.config import HybridConfig
     from rlboost.hybrid.rollout import HybridRollout
@@ -168,8 +170,8 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
         seed_window_s=cfg.seed_window_s * ts, max_pending=cfg.max_pending, respawn=True,
         heartbeat_interval_s=1.0, heartbeat_timeout_s=30.0, call_timeout_s=300.0,
         trace=cfg.trace_config(wall=True), offload=cfg.offload_config(ts))
-    hybrid.weights = replace(hybrid.weights, pull_timeout_s=300.0)
     hybrid.validate()
+    cluster_cfg = ClusterConfig(weights=WeightsConfig(pull_timeout_s=300.0))
     spec = WorkerSpec(ModelConfig(path=TINY_MODEL),
                       EngineConfig(device="cpu", max_num_seqs=cfg.max_num_seqs, stream_interval=cfg.stream_interval),
                       eos_token_ids=[EOS], engine_factory=EmulatedEngines(emu, _tiny_fingerprint()))
@@ -178,10 +180,12 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     provision: list[float] = []
     memory: dict = {}
     reserved_usd_per_s, instance_usd_per_s = cfg.prices()
-    rollout = HybridRollout(hybrid, spec, _weights(0), version=0, seed=cfg.seed,
-                            reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s)
-    boot_wall = time.monotonic() - t_begin
+    cluster = Cluster(cluster_cfg, hybrid.instances)
+    rollout = None
     try:
+        rollout = HybridRollout(hybrid, cluster, spec, _weights(0), version=0, seed=cfg.seed,
+                                reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s)
+        boot_wall = time.monotonic() - t_begin
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))
             if k == 0:
@@ -193,7 +197,9 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
                     f"manager loop {e.loop_cpu_s:.2f} CPU s"
                     + "".join(f"\n    {t:.2f} s: {name} dead: {why}" for t, name, why in e.deaths))
     finally:
-        rollout.close()
+        if rollout is not None:
+            rollout.close()
+        cluster.shutdown()
     startup = (sum(provision) / len(provision) / ts) if provision else 0.0
     return steps, startup, boot_wall, time.monotonic() - t_begin, memory
 

@@ -21,10 +21,12 @@ from dataclasses import asdict, dataclass
 
 from rich.table import Table
 
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
@@ -80,8 +82,9 @@ def bench_hybrid(cfg: HybridBenchConfig) -> dict:
     del engine
 
     hybrid_cfg = HybridConfig(num_preemptible=cfg.preemptible, seed_window_s=cfg.seed_window_s)
-    manager = RolloutManager(hybrid_cfg)
-    fleet = Fleet(hybrid_cfg, WorkerSpec(model_cfg, engine_cfg, []), manager)
+    cluster = Cluster(ClusterConfig(), hybrid_cfg.instances)
+    manager = RolloutManager(hybrid_cfg, cluster.cfg.weights)
+    fleet = Fleet(hybrid_cfg, WorkerSpec(model_cfg, engine_cfg, []), manager, cluster)
     try:
         fleet.publish({n: p.detach() for n, p in load_model(model_cfg).model.named_parameters()}, 0)
         fleet.start(RESERVED, 1)
@@ -112,6 +115,7 @@ def bench_hybrid(cfg: HybridBenchConfig) -> dict:
             }
     finally:
         fleet.shutdown()
+        cluster.shutdown()
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "colocated": colocated, **results}
 
 

@@ -75,19 +75,14 @@ def bench_trainer(cfg: TrainerBenchConfig, log=None) -> dict:
 
 
 def sharded(size: int, model_cfg: ModelConfig, tcfg: dict, kwargs: dict, steps: list, reference: dict) -> dict:
-    import ray
-
-    from rlboost.hybrid.config import RaySecurityConfig
-    from rlboost.hybrid.ray_setup import start_local_ray
-    from rlboost.rollout.step_data import RESERVED
+    from rlboost.cluster.config import ClusterConfig
+    from rlboost.cluster.ray_cluster import Cluster
     from rlboost.trainer.ranks import TrainerGroup
 
-    started = not ray.is_initialized()
-    if started:
-        start_local_ray(RaySecurityConfig(), {RESERVED: 10_000}, os.cpu_count() or 1)
+    cluster = Cluster(ClusterConfig())  # a local Ray of its own, all of it reserved, as a colocated run's
     group = None
     try:
-        group = TrainerGroup(TrainerConfig(world_size=size, **tcfg), model_cfg, **kwargs)
+        group = TrainerGroup(TrainerConfig(world_size=size, **tcfg), model_cfg, cluster=cluster, **kwargs)
         group.capture_grads()
         group.train_step(steps[0], len(steps[0]))  # warm-up, and the gradient to compare
         first = group.take_captured()[0]
@@ -97,8 +92,7 @@ def sharded(size: int, model_cfg: ModelConfig, tcfg: dict, kwargs: dict, steps: 
     finally:
         if group is not None:
             group.close()
-        if started:
-            ray.shutdown()
+        cluster.shutdown()
 
 
 def timed_steps(train, steps: list, warm_up: bool = True) -> float:

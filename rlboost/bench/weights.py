@@ -18,12 +18,14 @@ from dataclasses import asdict, dataclass, field
 import ray
 from rich.table import Table
 
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.ray_setup import add_node
+from rlboost.cluster.resources import MANY, PREEMPTIBLE, RESERVED
 from rlboost.engine import EngineConfig
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.fleet import MANY, Fleet
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
+from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.manager import RolloutManager
-from rlboost.hybrid.ray_setup import add_node
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
 
@@ -35,7 +37,7 @@ class WeightsBenchConfig:
     workers: list[int] = field(default_factory=lambda: [1, 2, 4])
     """How many instances join together, one measurement each."""
     bucket_mb: float = 64.0
-    """rollout.hybrid.weights.bucket_mb."""
+    """cluster.weights.bucket_mb."""
 
 
 @ray.remote(num_cpus=0)
@@ -48,10 +50,12 @@ class _Fetcher:
 
 def bench_weights(cfg: WeightsBenchConfig) -> dict:
     hybrid = HybridConfig(num_preemptible=0, instances="nodes")
-    hybrid.weights.bucket_mb = cfg.bucket_mb
+    cluster_cfg = ClusterConfig()
+    cluster_cfg.weights.bucket_mb = cfg.bucket_mb
     model_cfg = ModelConfig(path=cfg.model)
     spec = WorkerSpec(model_cfg, EngineConfig(device="cpu", max_num_seqs=8), [])
-    fleet = Fleet(hybrid, spec, RolloutManager(hybrid))
+    cluster = Cluster(cluster_cfg, hybrid.instances)
+    fleet = Fleet(hybrid, spec, RolloutManager(hybrid, cluster.cfg.weights), cluster)
     results = []
     try:
         state = {n: p.detach() for n, p in load_model(model_cfg).model.named_parameters()}
@@ -74,12 +78,14 @@ def bench_weights(cfg: WeightsBenchConfig) -> dict:
             fleet.reap()
     finally:
         fleet.shutdown()
+        cluster.shutdown()
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": results}
 
 
 def _floor(fleet: Fleet, refs: list, n: int) -> float:
     """Seconds for `n` fresh nodes to fetch the buckets at once (the slowest of them)."""
-    nodes = [add_node(fleet.cluster, fleet.cfg.ray, num_cpus=0, resources={"probe": MANY}) for _ in range(n)]
+    cluster = fleet.cluster
+    nodes = [add_node(cluster.head, cluster.cfg.ray, num_cpus=0, resources={"probe": MANY}) for _ in range(n)]
     try:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -89,7 +95,7 @@ def _floor(fleet: Fleet, refs: list, n: int) -> float:
         return max(ray.get([f.fetch.remote(refs) for f in fetchers]))
     finally:
         for node in nodes:
-            fleet.cluster.remove_node(node, allow_graceful=False)
+            cluster.head.remove_node(node, allow_graceful=False)
 
 
 def render(result: dict) -> Table:

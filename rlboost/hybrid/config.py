@@ -1,82 +1,15 @@
-"""Hybrid rollout configuration (`rollout.hybrid.*`): workers, the seeding window, balancing, liveness,
-the weight store and Ray's security settings. Plain dataclasses: importing them loads neither Ray nor
-torch, so a config can be read and checked anywhere."""
+"""Hybrid rollout configuration (`rollout.hybrid.*`): workers, the seeding window, balancing and
+liveness (Ray and the weight store are the cluster's: `cluster.*`, `rlboost.cluster.config`). Plain
+dataclasses: importing them loads neither Ray nor torch, so a config can be read and checked anywhere."""
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, field
 
+from rlboost.cluster.resources import INSTANCE_KINDS
 from rlboost.policies.offload import OffloadConfig
 from rlboost.spot.trace import TraceConfig
 
-LOOPBACK = "127.0.0.1"
-
-
-@dataclass
-class WeightsConfig:
-    bucket_mb: float = 64.0
-    """Size of one published bucket; a bucket is the unit of transfer and of checksumming."""
-    pull_timeout_s: float = 120.0
-    """A pull that has not completed in this long fails (the worker is retried or dropped)."""
-    pull_retries: int = 2
-    """Failed pulls retried per worker and version before the worker is dropped."""
-
-    def validate(self) -> None:
-        if self.bucket_mb <= 0:
-            raise ValueError(f"rollout.hybrid.weights.bucket_mb must be > 0, got {self.bucket_mb}")
-        if self.pull_timeout_s <= 0:
-            raise ValueError(f"rollout.hybrid.weights.pull_timeout_s must be > 0, got {self.pull_timeout_s}")
-        if self.pull_retries < 0:
-            raise ValueError(f"rollout.hybrid.weights.pull_retries must be >= 0, got {self.pull_retries}")
-
-
-@dataclass
-class RaySecurityConfig:
-    auth_token: bool = True
-    """Ray token authentication: every call to a Ray server must carry the cluster's token (a random
-    one per run unless RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH names one). Off only for debugging."""
-    bind_host: str = LOOPBACK
-    """The IP address of the local Ray node. 127.0.0.1 (the default) keeps every Ray server on the
-    loopback interface; change only to run across machines: any other address is the one Ray
-    advertises, and its servers then listen on all interfaces (Ray cannot bind a single external IP)."""
-    worker_niceness: int = 0
-    """How much lower than the driver's the priority of the worker processes (the rollout engines) runs in
-    the Ray rlboost starts (their `nice` increment); a cluster at
-    `ray_address` keeps its own (`RAY_worker_niceness` in its nodes' environment). Ray's own default is 15,
-    so that its daemons and the driver come first; at 15 any ordinary busy process (a data loader, a
-    reward sandbox, another job) takes nearly all their CPU: beside two busy processes on 2 cores, a fleet
-    of 4 tiny workers booted in 204 s instead of 16 and a step took 36 s instead of 1.8
-    (tests/test_bench_worker_priority.py). Raise it only where the workers stand in for other machines'
-    accelerators on the trainer's CPU (the showcase), so the trainer in the driver comes first."""
-
-    def validate(self) -> None:
-        """Raise ValueError naming the offending field."""
-        if not 0 <= self.worker_niceness <= 19:  # the config loader has already checked it is an integer
-            raise ValueError(f"rollout.hybrid.ray.worker_niceness must be an integer from 0 to 19 (a process "
-                             f"may not raise its own priority), got {self.worker_niceness!r}")
-        if not isinstance(self.auth_token, bool):
-            raise ValueError(f"rollout.hybrid.ray.auth_token must be true or false, got {self.auth_token!r}")
-        try:
-            ip = ipaddress.ip_address(str(self.bind_host))
-        except ValueError:
-            raise ValueError(f"rollout.hybrid.ray.bind_host must be an IP address (Ray takes no host names), "
-                             f"got {self.bind_host!r}") from None
-        if ip.is_unspecified:
-            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r} is not an address other machines "
-                             f"can reach; give this machine's IP (Ray then listens on all interfaces) "
-                             f"or {LOOPBACK}")
-        if ip.is_loopback and str(ip) != LOOPBACK:
-            raise ValueError(f"rollout.hybrid.ray.bind_host={self.bind_host!r}: Ray keeps its servers on the "
-                             f"loopback interface only for {LOOPBACK}; use that")
-
-    @property
-    def loopback(self) -> bool:
-        return self.bind_host == LOOPBACK
-
-
-
-INSTANCE_KINDS = ("processes", "nodes")
 PREEMPT_WITH = ("sigkill", "node")
 PROVIDERS = ("fixed", "trace", "ray_cluster")
 
@@ -92,9 +25,8 @@ class HybridConfig:
     provider: str = "fixed"
     """Who decides which preemptible instances exist: `fixed` (keep num_preemptible, replacing killed
     ones at once), `trace` (follow the spot trace of `trace.*`), `ray_cluster` (the nodes of the Ray
-    cluster at `ray_address` that carry a `preemptible` resource; more are asked of its autoscaler)."""
-    ray_address: str = ""
-    """Empty: start a local Ray on this machine. Otherwise the address of a running cluster to join."""
+    cluster at `cluster.ray_address` that carry a `preemptible` resource; more are asked of its
+    autoscaler)."""
     instances: str = "processes"
     """How a local run stands up preemptible instances: `processes` (worker processes of the local Ray
     node) or `nodes` (one extra Ray node per instance, started on this machine, so a preemption can
@@ -142,10 +74,6 @@ class HybridConfig:
     """The spot trace the `trace` provider replays."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """The adaptive offload controller: T_seed per step and the instance cap."""
-    weights: WeightsConfig = field(default_factory=WeightsConfig)
-    """The weight store: bucket size, pull timeout and retries."""
-    ray: RaySecurityConfig = field(default_factory=RaySecurityConfig)
-    """Ray's token authentication and the address its servers listen on (127.0.0.1 by default)."""
     ledger_dir: str | None = None
     """Diagnostics: each worker appends its per-request generated-token counts after every engine
     step to a file here, so a test can measure tokens lost to a kill exactly. Off by default."""
@@ -177,9 +105,7 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.plateau_tolerance must be in (0, 1], got {self.plateau_tolerance}")
         if self.provider not in PROVIDERS:
             raise ValueError(f"rollout.hybrid.provider={self.provider!r}; choose one of {', '.join(PROVIDERS)}")
-        if self.provider == "ray_cluster" and not self.ray_address:
-            raise ValueError("rollout.hybrid.provider=ray_cluster needs rollout.hybrid.ray_address (a running cluster)")
-        for section in (self.trace, self.offload, self.weights, self.ray):
+        for section in (self.trace, self.offload):
             section.validate()
         if not 0 < self.manager_cpu_share < 1:
             raise ValueError(f"rollout.hybrid.manager_cpu_share must be in (0, 1), got {self.manager_cpu_share}")

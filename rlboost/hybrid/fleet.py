@@ -1,11 +1,15 @@
-"""The workers of a local hybrid run: Ray, reserved and preemptible instances, and real preemptions.
+"""The workers of a hybrid run on the run's cluster: reserved and preemptible instances, and real
+preemptions.
 
 Reserved workers are actors needing the `reserved` resource of the driver's node. A preemptible
 instance is either a worker process of the same node (`instances=processes`) or a Ray node of its
-own started on this machine (`instances=nodes`). Preempting an instance is a hard kill: SIGKILL of
-its process, or removal of its Ray node plus SIGKILL of its processes (a vanished VM takes its
-processes with it; a removed local node alone leaves them running). Nothing tells the manager: it
-finds out the way it would on a real cluster.
+own started on this machine (`instances=nodes`, `Cluster.start_node`). Preempting an instance is a
+hard kill: SIGKILL of its process, or removal of its Ray node plus SIGKILL of its processes (a
+vanished VM takes its processes with it; a removed local node alone leaves them running). Nothing
+tells the manager: it finds out the way it would on a real cluster.
+
+The fleet ends its workers and their nodes (`shutdown`); Ray itself is the run's `Cluster`, which
+outlives the fleet.
 """
 
 from __future__ import annotations
@@ -21,27 +25,24 @@ from pathlib import Path
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rlboost.hybrid import weights as weight_store
+from rlboost.cluster import weights as weight_store
+from rlboost.cluster.manifest import WeightManifest
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.ray_setup import kill_node_process
+from rlboost.cluster.resources import MANY
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
+from rlboost.hybrid.handles import PREEMPTIBLE, WorkerHandle, first_line
 from rlboost.hybrid.manager import RolloutManager
-from rlboost.hybrid.ray_setup import (kill_node_process, route_ray_messages, start_local_cluster, start_local_ray,
-                                      start_node_process)
-from rlboost.hybrid.wire import WeightManifest
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
-MANY = 10_000  # resource units: enough that the custom resources never limit how many workers fit
-# Ray's default takes ~15 s to declare a silent node dead; a local emulation of spot instances wants
-# the cluster's view of a vanished node within about a second, like a cloud's preemption signal.
-FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
-                    "health_check_failure_threshold": 3}
 
 
 class Fleet:
-    def __init__(self, cfg: HybridConfig, spec: WorkerSpec, manager: RolloutManager):
-        self.cfg, self.spec, self.manager = cfg, spec, manager
-        self.cluster = None
+    def __init__(self, cfg: HybridConfig, spec: WorkerSpec, manager: RolloutManager, cluster: Cluster):
+        """`cluster`: the run's Ray (and its weight store's settings), started by the caller, who shuts
+        it down after the fleet."""
+        self.cfg, self.spec, self.manager, self.cluster = cfg, spec, manager, cluster
         self.nodes: dict[str, object] = {}
         """Worker name -> the process tree of its own Ray node (instances=nodes)."""
         self._counter = 0
@@ -60,15 +61,6 @@ class Fleet:
         self.boot_failures: list[str] = []
         self._stopping = False
         manager.table.on_retire = self._retire
-        if ray.is_initialized():
-            raise RuntimeError("a hybrid run starts its own local Ray; ray.init() was already called in this process")
-        if cfg.ray_address:  # a running cluster: its nodes with the `preemptible` resource are the instances
-            route_ray_messages()
-            ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
-        elif cfg.instances == "nodes":
-            self.cluster = start_local_cluster(cfg.ray, {RESERVED: MANY}, os.cpu_count(), FAST_NODE_HEALTH)
-        else:
-            start_local_ray(cfg.ray, {RESERVED: MANY, PREEMPTIBLE: MANY}, os.cpu_count())
 
     def publish(self, state: dict | WeightManifest, version: int) -> WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved
@@ -79,7 +71,7 @@ class Fleet:
                 raise ValueError(f"asked to serve version {version} with the manifest of version {state.version}")
             self.manifest = state
         else:
-            self.manifest = weight_store.publish(state, version, self.cfg.weights.bucket_mb)
+            self.manifest = weight_store.publish(state, version, self.cluster.cfg.weights.bucket_mb)
         self.manager.publish(self.manifest)  # the previous manifest, and its buckets, are freed now
         return self.manifest
 
@@ -98,7 +90,7 @@ class Fleet:
             options: dict = {"num_cpus": 0, "max_concurrency": 8, "name": None}
             if node_id is not None:
                 options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-            elif kind == PREEMPTIBLE and self.cluster is not None:
+            elif kind == PREEMPTIBLE and self.cluster.local_nodes:
                 self.nodes[name] = self._start_node(name)
                 options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
             else:
@@ -227,9 +219,6 @@ class Fleet:
         with self._node_lock:
             for node in self.nodes.values():
                 kill_node_process(node)
-        ray.shutdown()
-        if self.cluster is not None:
-            self.cluster.shutdown()
 
     def _await_boot(self, info_ref):
         """A booting worker's info; gives up at call_timeout_s, or at once when the fleet stops."""
@@ -246,7 +235,7 @@ class Fleet:
         nodes booting side by side on one machine race for the same ports."""
         resource = f"instance-{name}"
         with self._node_lock:
-            node = start_node_process(self.cfg.ray, self.cluster.address, {PREEMPTIBLE: MANY, resource: 1})
+            node = self.cluster.start_node({PREEMPTIBLE: MANY, resource: 1})
             deadline = time.monotonic() + self.cfg.call_timeout_s
             while not any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()):
                 if node.poll() is not None or time.monotonic() > deadline or self._stopping:

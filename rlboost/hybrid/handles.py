@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rlboost.policies.profile import ThroughputProfile
-from rlboost.rollout.step_data import PREEMPTIBLE, RESERVED, WorkerState
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
+from rlboost.rollout.step_data import WorkerState
 
 
 @dataclass

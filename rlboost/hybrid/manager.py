@@ -24,24 +24,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from rlboost.cluster.config import WeightsConfig
+from rlboost.cluster.manifest import WeightManifest
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.worker_table import WorkerTable
-from rlboost.hybrid.wire import WeightManifest
 from rlboost.policies.handoff import StepOutlook
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
 from rlboost.rollout.sample import Group
 
 
 class RolloutManager:
-    def __init__(self, cfg: HybridConfig):
+    def __init__(self, cfg: HybridConfig, weights: WeightsConfig):
         self.cfg = cfg
         self.table = WorkerTable()
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
-        self.pulls = PullTracker(cfg.weights.pull_timeout_s, cfg.weights.pull_retries, cfg.call_timeout_s)
+        self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
 
     @property
     def manifest(self) -> WeightManifest | None:

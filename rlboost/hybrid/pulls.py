@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from rlboost.run_log import event
 from rlboost.hybrid.handles import PREEMPTIBLE, Call, WorkerHandle, WorkerState, first_line
-from rlboost.hybrid.wire import PullResult, WeightManifest
+from rlboost.cluster.manifest import PullResult, WeightManifest
 
 if TYPE_CHECKING:
     from rlboost.hybrid.worker_table import WorkerTable

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import ray
 
+from rlboost.cluster.ray_cluster import Cluster
 from rlboost.engine import SamplingParams
 from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import merged, spec_metrics
@@ -34,17 +35,18 @@ from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_len
 
 
 class HybridRollout:
-    def __init__(self, cfg: HybridConfig, spec: WorkerSpec, weights, version: int, seed: int,
+    def __init__(self, cfg: HybridConfig, cluster: Cluster, spec: WorkerSpec, weights, version: int, seed: int,
                  histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0):
-        """`reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
+        """`cluster`: the run's Ray, which outlives this backend (`close` ends the workers, not Ray).
+        `reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
         instances with (`cost.*`; 0: no price, no cap from it)."""
         self.cfg = cfg
         self.histopipe = histopipe
         # HistoSpec: the run's history lives here; each worker gets a prompt's share with its requests
         self.history = HistoryStore(spec.histospec.history_max_tokens) if spec.histospec is not None else None
         self._to_remember: list[Group] = []
-        self.manager = RolloutManager(cfg)
-        self.fleet = Fleet(cfg, spec, self.manager)
+        self.manager = RolloutManager(cfg, cluster.cfg.weights)
+        self.fleet = Fleet(cfg, spec, self.manager, cluster)
         try:
             self.fleet.publish(weights, version)
             self.fleet.start(RESERVED, cfg.num_reserved)

@@ -30,14 +30,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlboost.cluster import weights as weight_store
+from rlboost.cluster.manifest import PullResult, WeightManifest
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.histospec.config import HistoSpecConfig
-from rlboost.hybrid import weights as weight_store
-from rlboost.hybrid.wire import PullResult, WeightManifest, WorkerInfo, WorkerReport
+from rlboost.hybrid.wire import WorkerInfo, WorkerReport
 from rlboost.models.config import ModelConfig
 
 

@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 from rlboost.policies.dispatch import WorkerLoad
 from rlboost.policies.profile import ThroughputProfile
 
-RESERVED, PREEMPTIBLE = "reserved", "preemptible"
 MIGRATIONS = ("token", "recompute")
 
 

@@ -17,7 +17,7 @@ Contract (DESIGN.md 2.6):
   down (a surviving rank may be blocked in a collective) and refuses further calls. A rank hung in a
   collective fails after `trainer.collective_timeout_s`.
 - `publish(version, bucket_mb)` puts the new weights in the weight store from the shards, one bucket
-  gathered at a time (`hybrid/weights.publish_gathered`); rank 0 packs and owns the buckets.
+  gathered at a time (`cluster/weights.publish_gathered`); rank 0 packs and owns the buckets.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.resources import RESERVED
 from rlboost.models import ModelConfig
 from rlboost.rollout.sample import Group
-from rlboost.rollout.step_data import RESERVED
 from rlboost.trainer.errors import TrainerRankError
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.schedule import BatchSchedule, MicroBatch
@@ -143,7 +144,7 @@ class TrainerRank:
         return self.trainer.step_state_bytes
 
     def publish(self, version: int, bucket_mb: float):
-        from rlboost.hybrid.weights import publish_gathered
+        from rlboost.cluster.weights import publish_gathered
         from rlboost.trainer.sharding import full_tensor
 
         named = list(self.trainer.model.named_parameters())  # tied weights once, as at world 1
@@ -189,19 +190,22 @@ class TrainerGroup:
 
     def __init__(self, config: TrainerConfig, model: ModelConfig, *, temperature: float, max_response_length: int,
                  total_optimizer_steps: int, pad_token_id: int = 0, ref_model: ModelConfig | None = None,
-                 deal: Callable[[int], int] | None = None, device_type: str | None = None,
+                 cluster: Cluster, deal: Callable[[int], int] | None = None, device_type: str | None = None,
                  placement_timeout_s: float = 120.0):
+        """`cluster`: the run's Ray, where the ranks are placed; it outlives the group (`close` ends
+        the ranks, not Ray)."""
         config.validate()
         self.config, self.world_size = config, config.world_size
         self.deal = deal
         """Which rank a group goes to, by its index in the mini-batch (None: round-robin)."""
         self.broken: str | None = None
         self.step = 0
+        offered = cluster.resources()
         if device_type is None:
             device_type = "cpu" if config.device == "cpu" or (
-                config.device == "auto" and not ray.cluster_resources().get("GPU")) else "cuda"
-        check_world_size(config, device_type, ray.cluster_resources())
-        bundle = placement_bundle(device_type, ray.cluster_resources())
+                config.device == "auto" and not offered.get("GPU")) else "cuda"
+        check_world_size(config, device_type, offered)
+        bundle = placement_bundle(device_type, offered)
         self.pg = placement_group([bundle] * self.world_size, strategy="PACK")
         ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
         if not ready:

@@ -16,7 +16,7 @@ Contract (DESIGN.md 2.6; the driver's side is `trainer/ranks.py`):
   the mini-batch boundary `optimizer_step` all-reduces the loss normaliser and numerators, so the
   update is the world-1 update of the same groups, whatever rank each group went to.
 - Weights leave a rank bucket by bucket (`full_tensor` per parameter, each a collective): see
-  `hybrid/weights.publish_gathered`; no rank holds the whole model while publishing.
+  `cluster/weights.publish_gathered`; no rank holds the whole model while publishing.
 """
 
 from __future__ import annotations

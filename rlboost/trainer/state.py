@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
-from rlboost.hybrid.weights import plan_buckets
+from rlboost.cluster.weights import plan_buckets
 
 MODEL_KEY, OPTIM_KEY = "model", "optimizer"
 

@@ -1,4 +1,4 @@
-"""A Ray worker node as a process of its own: `python -m rlboost.hybrid.node_process ADDRESS RESOURCES`.
+"""A Ray worker node as a process of its own: `python -m rlboost.cluster.node_process ADDRESS RESOURCES`.
 
 What a spot VM is to the cluster, on one machine: this process starts a raylet and an object store
 that join the cluster at ADDRESS (from its main thread, which Ray's node start-up needs), then waits.

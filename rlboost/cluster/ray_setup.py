@@ -1,4 +1,5 @@
-"""Starting the local Ray of a hybrid run securely (`rollout.hybrid.ray.*`).
+"""Starting the local Ray of a run securely (`cluster.ray.*`), which its trainer ranks and rollout
+workers share (`rlboost.cluster.ray_cluster.Cluster` calls these; nothing else starts Ray).
 
 Three choices, all by default:
 
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import ray
 
-from rlboost.hybrid.config import LOOPBACK, RaySecurityConfig
+from rlboost.cluster.config import LOOPBACK, RaySecurityConfig
 from rlboost.run_log import RAY_MESSAGES
 
 if TYPE_CHECKING:
@@ -121,13 +122,13 @@ def add_node(cluster: "Cluster", security: RaySecurityConfig, **node_args):
     node_args.setdefault("node_ip_address", security.bind_host)
     if node_args["node_ip_address"] != security.bind_host:
         raise ValueError(f"add_node: node_ip_address={node_args['node_ip_address']!r} differs from "
-                         f"rollout.hybrid.ray.bind_host={security.bind_host!r}")
+                         f"cluster.ray.bind_host={security.bind_host!r}")
     return cluster.add_node(**node_args)
 
 
 def start_node_process(security: RaySecurityConfig, gcs_address: str, resources: dict[str, float],
                        object_store_bytes: int = 2 * 2**30):
-    """A Ray node of its own, as a process tree in a new session (`rlboost.hybrid.node_process`): what
+    """A Ray node of its own, as a process tree in a new session (`rlboost.cluster.node_process`): what
     a spot VM is to the cluster. Safe from any thread (`Cluster.add_node` installs signal handlers,
     so it only works from the main thread). It inherits the token and the loopback settings from this
     process's environment; end it whole with `kill_node_process`."""
@@ -136,7 +137,7 @@ def start_node_process(security: RaySecurityConfig, gcs_address: str, resources:
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rlboost.hybrid.node_process", gcs_address, json.dumps(resources),
+        [sys.executable, "-m", "rlboost.cluster.node_process", gcs_address, json.dumps(resources),
          security.bind_host, str(object_store_bytes)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _node_processes.append(proc)
@@ -213,7 +214,7 @@ def check_listeners(security: RaySecurityConfig) -> None:
     exposed = non_loopback_listeners()
     if exposed:
         listing = ", ".join(f"{name} on {ip}:{port}" for ip, port, name in exposed)
-        raise RuntimeError(f"rollout.hybrid.ray.bind_host={LOOPBACK} but these listen beyond loopback: {listing}")
+        raise RuntimeError(f"cluster.ray.bind_host={LOOPBACK} but these listen beyond loopback: {listing}")
 
 
 def _is_loopback(ip: str) -> bool:
@@ -229,7 +230,7 @@ def _is_loopback(ip: str) -> bool:
 def _prepare(security: RaySecurityConfig) -> None:
     security.validate()
     if ray.is_initialized():
-        raise RuntimeError("Ray is already initialized in this process; a hybrid run starts its own local Ray")
+        raise RuntimeError("Ray is already initialized in this process; a run starts its own local Ray")
     _set_up_auth(security.auth_token)
     if security.loopback:
         # Workers and agents inherit the variable; this process's Ray read it at import, so the
@@ -247,7 +248,7 @@ def _set_up_auth(enabled: bool) -> None:
         if enabled:
             raise RuntimeError(
                 f"Ray {ray.__version__} has no token authentication (ray._raylet lacks it), and "
-                f"rollout.hybrid.ray.auth_token=true; use a Ray that has it, or set auth_token=false "
+                f"cluster.ray.auth_token=true; use a Ray that has it, or set auth_token=false "
                 f"to run without authentication") from e
         return
     if enabled:
@@ -256,7 +257,7 @@ def _set_up_auth(enabled: bool) -> None:
             os.environ[AUTH_TOKEN_ENV] = secrets.token_hex(32)
     else:
         os.environ[AUTH_MODE_ENV] = "disabled"
-        logger.warning("rollout.hybrid.ray.auth_token=false: Ray runs WITHOUT token authentication")
+        logger.warning("cluster.ray.auth_token=false: Ray runs WITHOUT token authentication")
     # Ray caches its config and the token per process: reload both from the environment just set.
     Config.initialize("")
     loader = AuthenticationTokenLoader.instance()
@@ -265,7 +266,7 @@ def _set_up_auth(enabled: bool) -> None:
         return
     if get_authentication_mode() != AuthenticationMode.TOKEN:
         raise RuntimeError(f"Ray {ray.__version__} ignored {AUTH_MODE_ENV}=token; refusing to start Ray "
-                           f"without token authentication (rollout.hybrid.ray.auth_token=true)")
+                           f"without token authentication (cluster.ray.auth_token=true)")
     try:
         has_token = loader.has_token()
     except Exception as e:  # e.g. RAY_AUTH_TOKEN_PATH names a missing or empty file

@@ -12,7 +12,7 @@ Contract (DESIGN.md 2.5, invariant 5):
   no tensors never imports torch). A wrong architecture, a checksum mismatch or a fetch timeout is
   an error and nothing is loaded: a worker either serves a complete, verified version or keeps the
   one it had (which the manager does not dispatch to).
-- The manifest and the other messages are `rlboost.hybrid.wire`'s torch-free types.
+- The manifest is `rlboost.cluster.manifest`'s torch-free types.
 - Peer to peer: a bucket a worker fetched is a copy in its node's object store, and Ray's object
   manager serves later fetches from any node holding a copy, so joiners do not all queue on the
   trainer's node. On one machine with `instances=processes` every worker maps the same store.
@@ -26,9 +26,9 @@ from collections.abc import Iterator, Mapping
 
 import numpy as np
 
+from rlboost.cluster.config import WeightsConfig
+from rlboost.cluster.manifest import Bucket, TensorSlot, WeightManifest, version_checksum
 from rlboost.engine.protocol import weights_fingerprint as fingerprint
-from rlboost.hybrid.config import WeightsConfig
-from rlboost.hybrid.wire import Bucket, TensorSlot, WeightManifest, version_checksum
 
 
 class WeightError(RuntimeError):

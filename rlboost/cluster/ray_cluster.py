@@ -1,0 +1,79 @@
+"""The one owner of a run's Ray: started (or joined) once by the run's assembly, handed to the rollout
+fleet and to the trainer ranks, and ended by its `shutdown` alone.
+
+Contract:
+- `Cluster(cfg, instances)` connects this process to Ray: the running cluster at `cfg.ray_address`, or
+  a local one started as `rlboost.cluster.ray_setup` secures it (token, loopback, quiet driver). It
+  refuses to start when this process already has a Ray: two owners would end it twice.
+- What a local cluster offers depends on how the run stands up preemptible instances (`instances`):
+  `None` (no instances: a colocated run's trainer ranks) or `processes` (worker processes of this
+  node): the node offers `reserved` (and with processes `preemptible`) to as many as the CPUs fit;
+  `nodes`: the head offers `reserved` only and each instance is a Ray node of its own on this machine
+  (`start_node`), declared dead within about a second of vanishing, like a cloud's preemption. A
+  joined cluster offers what its nodes carry.
+- `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
+  trainer ranks) end their actors and nodes first and never shut Ray down themselves.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.ray_setup import route_ray_messages, start_local_cluster, start_local_ray, start_node_process
+from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
+
+FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
+                    "health_check_failure_threshold": 3}
+"""Ray's default takes ~15 s to declare a silent node dead; a local emulation of spot instances wants
+the cluster's view of a vanished node within about a second, like a cloud's preemption signal."""
+
+
+class Cluster:
+    def __init__(self, cfg: ClusterConfig, instances: str | None = None, num_cpus: int | None = None):
+        """`num_cpus`: the logical CPUs a local Ray offers (default: this machine's)."""
+        if instances is not None and instances not in INSTANCE_KINDS:
+            raise ValueError(f"instances={instances!r}; choose None or one of {', '.join(INSTANCE_KINDS)}")
+        if ray.is_initialized():
+            raise RuntimeError("a run starts or joins its own Ray; ray.init() was already called in this process")
+        self.cfg = cfg
+        self.head = None
+        """The local multi-node cluster (`ray.cluster_utils.Cluster`) when instances are nodes."""
+        cpus = num_cpus or os.cpu_count() or 1
+        if cfg.ray_address:
+            route_ray_messages()
+            ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
+        elif instances == "nodes":
+            self.head = start_local_cluster(cfg.ray, {RESERVED: MANY}, cpus, FAST_NODE_HEALTH)
+        else:
+            offered = {RESERVED: MANY} | ({PREEMPTIBLE: MANY} if instances == "processes" else {})
+            start_local_ray(cfg.ray, offered, cpus)
+
+    @property
+    def local_nodes(self) -> bool:
+        """Whether preemptible instances are Ray nodes of their own on this machine (`start_node`)."""
+        return self.head is not None
+
+    def resources(self) -> dict[str, float]:
+        """What the whole cluster offers now (Ray's totals)."""
+        return ray.cluster_resources()
+
+    def start_node(self, resources: dict[str, float]):
+        """A new Ray node on this machine offering `resources`, as a process tree of its own: what a
+        spot VM is to the cluster. Whoever starts one ends it (`ray_setup.kill_node_process`: a
+        vanished VM), before `shutdown`."""
+        if self.head is None:
+            raise RuntimeError("start_node needs a local cluster of nodes (rollout.hybrid.instances=nodes)")
+        return start_node_process(self.cfg.ray, self.head.address, resources)
+
+    def shutdown(self) -> None:
+        """Disconnect from Ray and stop the local cluster this run started, if any."""
+        ray.shutdown()
+        if self.head is not None:
+            self.head.shutdown()
+            self.head = None
+
+
+__all__ = ["FAST_NODE_HEALTH", "Cluster"]
