@@ -258,11 +258,3 @@ def _skeleton_params(hf_config, dtype: str):
     params = dict(model.named_parameters())
     return weights_fingerprint(params), params
 
-
-def vllm_engine_for(model_config, engine_config: EngineConfig, eos_token_ids: Iterable[int] = (),
-                    weight_version: int = 0, num_threads: int = 1) -> VllmEngine:
-    """A `VllmEngine` on the model an rlboost `ModelConfig` names (the bundled SmolLM2, `tiny:*`, a folder)."""
-    from rlboost.models.loading import model_folder
-
-    return VllmEngine(model_folder(model_config), engine_config, eos_token_ids, weight_version,
-                      dtype=model_config.dtype, num_threads=num_threads)
