@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint
 from rlboost.config import ConfigError, RLBoostConfig
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
-from rlboost.engine import LLMEngine
+from rlboost.engine.factory import make_engine
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import load_model
 from rlboost.policies.histopipe import HistoPipe
@@ -200,14 +200,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         return HybridRollout(h, cluster, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())
-    if cfg.engine.backend == "vllm":
-        from rlboost.engine.vllm_backend import vllm_engine_for
-
-        engine = vllm_engine_for(cfg.model, cfg.engine, eos_token_ids)
-    else:
-        # The engine fuses its model's weights in place, so it gets a copy of its own.
-        engine = LLMEngine(load_model(cfg.model).model, cfg.engine, eos_token_ids=eos_token_ids)
-    engine.load_weights(weights, version=version)
+    engine = make_engine(cfg.model, cfg.engine, eos_token_ids, weights=weights, version=version)
     history = None
     if cfg.rollout.histospec.enabled:
         history = HistoryStore(cfg.rollout.histospec.history_max_tokens)

@@ -156,19 +156,15 @@ def _simulate(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from rlboost.config import RLBoostConfig, load_config
-    from rlboost.engine import LLMEngine, SamplingParams
+    from rlboost.engine import SamplingParams
+    from rlboost.engine.factory import make_engine
     from rlboost.models import load_model
 
     cfg = load_config(RLBoostConfig, args.config, args.overrides)
     loaded = load_model(cfg.model)
     if loaded.tokenizer is None:
         raise SystemExit(f"error: model {cfg.model.path!r} has no tokenizer; `generate` needs text in and out")
-    if cfg.engine.backend == "vllm":
-        from rlboost.engine.vllm_backend import vllm_engine_for
-
-        engine = vllm_engine_for(cfg.model, cfg.engine, loaded.eos_token_ids)
-    else:
-        engine = LLMEngine(loaded.model, cfg.engine, eos_token_ids=loaded.eos_token_ids)
+    engine = make_engine(cfg.model, cfg.engine, loaded.eos_token_ids)
     tok = loaded.tokenizer
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
                             seed=args.seed)

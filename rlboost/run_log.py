@@ -3,11 +3,13 @@
 Contract: code reports what happened to the run (an instance preempted, joined, given back) with
 `event(...)`, an INFO record of the `rlboost.events` logger, and anything else through loggers under
 `rlboost`. Ray's own messages (its raylet's paragraphs on every worker death, its warnings) are routed
-by `rlboost.cluster.ray_setup` to the `rlboost.ray` logger at INFO. Inside `run_log(path, console)`:
+by `rlboost.cluster.ray_setup` to the `rlboost.ray` logger at INFO, and vLLM's log lines (its engine's
+start-up, its warnings) by `rlboost.engine.vllm_backend` to `rlboost.vllm` at their own level
+(`route_library_logger`). Inside `run_log(path, console)`:
 - the log file gets every record of `rlboost.*` and of Ray's `ray` logger, with a timestamp and
   its logger's name;
-- the console gets the events and our own warnings and errors, one line each, never Ray's messages:
-  a preemption is the system working, and Ray's paragraph about it reads like a crash.
+- the console gets the events and our own warnings and errors, one line each, never Ray's nor vLLM's
+  messages: a preemption is the system working, and Ray's paragraph about it reads like a crash.
 Outside it (a library user, a test) nothing is configured here: records at INFO go nowhere unless the
 caller configures logging, and pytest shows them only with a failing test.
 """
@@ -23,6 +25,9 @@ from rich.console import Console
 
 EVENTS = "rlboost.events"
 RAY_MESSAGES = "rlboost.ray"
+VLLM_MESSAGES = "rlboost.vllm"
+_LIBRARY_MESSAGES = (RAY_MESSAGES, VLLM_MESSAGES)
+"""Other systems' messages: the log file's, never the console's."""
 _FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
@@ -31,15 +36,40 @@ def event(message: str, *args: object) -> None:
     logging.getLogger(EVENTS).info(message, *args)
 
 
+class _Forward(logging.Handler):
+    """Logs every record it gets again under the logger `to`, at its level, named by its origin."""
+
+    def __init__(self, to: str):
+        super().__init__()
+        self.to = to
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            logging.getLogger(self.to).log(record.levelno, "(%s) %s", record.name, record.getMessage(),
+                                           exc_info=record.exc_info)
+        except Exception:
+            self.handleError(record)
+
+
+def route_library_logger(name: str, to: str, level: int | str) -> None:
+    """Send the records of a library's logger `name` (and its children) at `level` or above to our
+    logger `to` (one of the `rlboost.*` message loggers), and nowhere else: its own handlers go.
+    Idempotent."""
+    library = logging.getLogger(name)
+    library.handlers = [_Forward(to)]
+    library.propagate = False
+    library.setLevel(level)
+
+
 class _ConsoleHandler(logging.Handler):
-    """The console's share: events, and our warnings and errors; not Ray's messages."""
+    """The console's share: events, and our warnings and errors; not Ray's nor vLLM's messages."""
 
     def __init__(self, console: Console):
         super().__init__(logging.INFO)
         self.console = console
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.name == RAY_MESSAGES or record.name.startswith(RAY_MESSAGES + "."):
+        if any(record.name == name or record.name.startswith(name + ".") for name in _LIBRARY_MESSAGES):
             return False
         return record.name == EVENTS or record.levelno >= logging.WARNING
 
@@ -84,4 +114,4 @@ def _file_handler(path: Path) -> logging.FileHandler:
     return handler
 
 
-__all__ = ["EVENTS", "RAY_MESSAGES", "event", "run_log"]
+__all__ = ["EVENTS", "RAY_MESSAGES", "VLLM_MESSAGES", "event", "route_library_logger", "run_log"]

@@ -1,6 +1,7 @@
 """`rlboost bench engine --backends`: every backend decodes the same greedy batches, side by side."""
 
 import json
+import re
 
 import pytest
 
@@ -32,8 +33,15 @@ def test_bench_backends_rlboost_and_hf(tmp_path, capsys):
 
 
 @pytest.mark.vllm
-def test_bench_backends_with_vllm(tmp_path):
+def test_bench_backends_with_vllm(tmp_path, capfd, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the bench's log goes to outputs/bench/ under the working directory
     check(bench(tmp_path, "rlboost,vllm,hf"), ["rlboost", "vllm", "hf"])
+    # vLLM's log lines go to the bench's log, as Ray's do, not to the console
+    console = "".join(capfd.readouterr())
+    assert not re.search(r"(INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[", console), console
+    assert "Loading safetensors checkpoint shards" not in console
+    log = (tmp_path / "outputs" / "bench" / "engine.log").read_text()
+    assert "rlboost.vllm: (vllm." in log and "Resolved architecture" in log
 
 
 def test_bench_backends_unknown_name(tmp_path):

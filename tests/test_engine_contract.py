@@ -32,12 +32,12 @@ def reference():
 @pytest.fixture(scope="module")
 def vllm_engine(tmp_path_factory):
     """One vLLM engine for the module (it takes seconds to start); each test gets it idle."""
-    from rlboost.engine.vllm_backend import vllm_engine_for
+    from rlboost.engine.factory import make_engine
 
     with pytest.MonkeyPatch.context() as env:  # the tiny model's folder goes here, for this module only
         env.setenv("RLBOOST_CACHE", str(tmp_path_factory.mktemp("cache")))
-        engine = vllm_engine_for(ModelConfig(path=f"tiny:{FAMILY}"),
-                                 EngineConfig(backend="vllm", device="cpu", max_model_len=MAX_LEN, max_num_seqs=8))
+        engine = make_engine(ModelConfig(path=f"tiny:{FAMILY}"),
+                             EngineConfig(backend="vllm", device="cpu", max_model_len=MAX_LEN, max_num_seqs=8))
     yield engine
     engine.shutdown()
 

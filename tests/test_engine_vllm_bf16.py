@@ -24,11 +24,11 @@ NEW_TOKENS = 128
 
 @pytest.fixture(scope="module")
 def bf16_engine(smollm2):
-    from rlboost.engine.vllm_backend import vllm_engine_for
+    from rlboost.engine.factory import make_engine
 
-    engine = vllm_engine_for(ModelConfig(dtype="bfloat16"),
-                             EngineConfig(backend="vllm", device="cpu", max_model_len=512, max_num_seqs=8),
-                             smollm2.eos_token_ids)
+    engine = make_engine(ModelConfig(dtype="bfloat16"),
+                         EngineConfig(backend="vllm", device="cpu", max_model_len=512, max_num_seqs=8),
+                         smollm2.eos_token_ids)
     yield engine
     engine.shutdown()
 

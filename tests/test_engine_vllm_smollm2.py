@@ -21,10 +21,10 @@ MESSAGES = ["What is 17 times 3?", "Name a prime number larger than 50.", "Write
 
 @pytest.fixture(scope="module")
 def engine(smollm2):
-    from rlboost.engine.vllm_backend import vllm_engine_for
+    from rlboost.engine.factory import make_engine
 
-    engine = vllm_engine_for(ModelConfig(), EngineConfig(backend="vllm", device="cpu", max_model_len=256,
-                                                         max_num_seqs=8), smollm2.eos_token_ids)
+    engine = make_engine(ModelConfig(), EngineConfig(backend="vllm", device="cpu", max_model_len=256,
+                                                     max_num_seqs=8), smollm2.eos_token_ids)
     yield engine
     engine.shutdown()
 

@@ -20,17 +20,22 @@ import torch
 from rich.table import Table
 
 from rlboost.bench.engine import timed_decode, timed_hf_generate
-from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.engine import EngineConfig, SamplingParams
 from rlboost.engine.engine import resolve_device
+from rlboost.engine.factory import make_engine
 from rlboost.models import ModelConfig, load_model
 
 BACKENDS = ("rlboost", "vllm", "hf")
 
 
-class _Backend:
-    """Decode a batch with a streaming engine: (tokens per request, prefill s, decode s)."""
+class _Engine:
+    """An engine backend (`rlboost`, `vllm`) on the checkpoint, built as a run builds it
+    (`rlboost.engine.factory`), with room for the largest batch."""
 
-    engine = None
+    def __init__(self, backend: str, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
+        self.engine = make_engine(model, EngineConfig(
+            backend=backend, device=str(device), max_num_seqs=max_batch, max_model_len=max_len,
+            max_num_batched_tokens=max(4096, max_batch * max_len)), num_threads=torch.get_num_threads())
 
     def run(self, prompts: list[list[int]], new_tokens: int) -> tuple[list[list[int]], float, float]:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -44,25 +49,10 @@ class _Backend:
         return time.perf_counter() - start
 
 
-class _Rlboost(_Backend):
-    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
-        self.engine = LLMEngine(load_model(model).model, EngineConfig(
-            device=str(device), max_num_seqs=max_batch, max_model_len=max_len,
-            max_num_batched_tokens=max(4096, max_batch * max_len)))
-
-
-class _Vllm(_Backend):
-    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
-        from rlboost.engine.vllm_backend import vllm_engine_for
-
-        self.engine = vllm_engine_for(model, EngineConfig(backend="vllm", device=str(device), max_num_seqs=max_batch,
-                                                          max_model_len=max_len), num_threads=torch.get_num_threads())
-
-
-class _HF(_Backend):
+class _HF:
     """HF generate; decode time = full run - a max_new_tokens=1 run."""
 
-    def __init__(self, model: ModelConfig, device: torch.device, max_batch: int, max_len: int):
+    def __init__(self, model: ModelConfig, device: torch.device):
         self.model = load_model(model).model.to(device)
         self.device = device
 
@@ -77,9 +67,6 @@ class _HF(_Backend):
         with torch.no_grad():
             self.model.load_state_dict(state, strict=False)
         return time.perf_counter() - start
-
-
-_RUNNERS = {"rlboost": _Rlboost, "vllm": _Vllm, "hf": _HF}
 
 
 def bench_backends(cfg) -> dict:
@@ -100,7 +87,7 @@ def bench_backends(cfg) -> dict:
     runners, startup_s = {}, {}
     for name in cfg.backends:
         start = time.perf_counter()
-        runners[name] = _RUNNERS[name](model, device, max_batch, max_len)
+        runners[name] = _HF(model, device) if name == "hf" else _Engine(name, model, device, max_batch, max_len)
         runners[name].run(prompts[:1], 3)  # warm-up
         startup_s[name] = time.perf_counter() - start
 

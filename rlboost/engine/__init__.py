@@ -2,7 +2,9 @@
 
 Files, nano-vllm style: sequence (request state and outputs), scheduler (what runs next),
 kv_cache (slot cache), model_runner (forward pass), sampler + rng (tokens and log-probs), engine
-(`LLMEngine`), protocol (the contract every backend implements, torch-free).
+(`LLMEngine`), protocol (the contract every backend implements, torch-free), request_book (every
+backend's per-request bookkeeping, torch-free), vllm_backend (`VllmEngine`), factory (`make_engine`:
+the engine `engine.backend` names).
 
 Names are imported on first use (PEP 562): the contract (`EngineBackend`, `SpecStats`, the errors) and
 the request and output types (`SamplingParams`, `StreamChunk`, `PartialOutput`) are torch-free, so a
@@ -22,6 +24,7 @@ _WHERE = {
     "StreamChunk": "sequence",
     "PartialOutput": "sequence",
     "Completion": "sequence",
+    "make_engine": "factory",
 }
 
 __all__ = sorted(_WHERE)

@@ -6,7 +6,8 @@ Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.prot
 - `step()` runs one batch (a prefill of waiting prompts, or one decode token for every running
   request) and returns StreamChunks: per request, at most `stream_interval` new tokens with their
   log-probs (log_softmax(logits / T), or of raw logits when greedy, before top-k/top-p), the offset
-  of the first one, and the weight version that produced them.
+  of the first one, and the weight version that produced them. The tokens, their chunking, `flush`,
+  `abort` and `progress` are the request book's (`rlboost.engine.request_book`): a step appends there.
 - `abort(ids)` removes requests and returns each one's exact partial output, streamed or not.
   Resubmitting prompt + partial tokens with max_tokens reduced by their count and the same seed
   continues exactly as if never interrupted: greedy always; sampled given identical logits (the
@@ -33,11 +34,12 @@ from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
 from rlboost.engine.protocol import (Drafter, EngineStateError, SpecStats, check_request,
                                      check_weights, stop_ids, weights_fingerprint)
+from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed, uniform
 from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
-from rlboost.engine.sequence import Completion, PartialOutput, Sequence, SequenceStatus, StreamChunk
+from rlboost.engine.sequence import Completion, PartialOutput, Sequence, StreamChunk
 from rlboost.policies.spec_budget import SpecBudget
 
 
@@ -95,7 +97,7 @@ class LLMEngine:
         self.last_decode_steps = 1
         """Decode steps the last step() ran: always one here (the protocol allows engines that run several)."""
         self.fingerprint = weights_fingerprint(dict(self.model.named_parameters()))
-        self._active: dict[str, Sequence] = {}
+        self.book: RequestBook[Sequence] = RequestBook(config)
         self._seed_counter = itertools.count()
         self._request_counter = itertools.count()
 
@@ -108,10 +110,10 @@ class LLMEngine:
         drafter looks history up by the original prompt); None: all of it."""
         params = params or SamplingParams()
         tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len,
-                               asleep=self.asleep, duplicate=request_id in self._active)
+                               asleep=self.asleep, duplicate=request_id in self.book)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
-        seq = Sequence(request_id, tokens, params, seed, stop_ids(params, self.eos_token_ids))
-        self._active[request_id] = seq
+        seq = self.book.add(Sequence(request_id, tokens, seed, params=params,
+                                     stop_token_ids=stop_ids(params, self.eos_token_ids)))
         self.scheduler.add(seq)
         if self.drafter is not None:
             self.drafter.start(request_id, tokens[:prompt_len] if prompt_len else tokens)
@@ -120,25 +122,18 @@ class LLMEngine:
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
         """Remove requests; returns the exact partial output of each that was still in the engine
         (ids that already finished or were never added are ignored: finishing races aborting)."""
-        seqs = [self._active.pop(rid) for rid in dict.fromkeys(request_ids) if rid in self._active]
+        seqs = self.book.held(request_ids)
         self.scheduler.remove(seqs, self.cache)
         for seq in seqs if self.drafter is not None else ():
             self.drafter.finish(seq.request_id)
-        out = {}
-        for seq in seqs:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-            out[seq.request_id] = PartialOutput(
-                seq.request_id, list(seq.prompt_token_ids), list(seq.output_token_ids),
-                list(seq.output_logprobs), seq.seed, self.weight_version)
-        return out
+        return self.book.abort([seq.request_id for seq in seqs], self.weight_version)
 
     def has_unfinished(self) -> bool:
-        return bool(self._active)
+        return bool(self.book)
 
     def progress(self) -> dict[str, int]:
-        """Tokens generated so far by each unfinished request, streamed or not (what a dying worker
-        would lose beyond its last chunk)."""
-        return {rid: len(seq.output_token_ids) for rid, seq in self._active.items()}
+        """Tokens generated so far by each unfinished request, streamed or not."""
+        return self.book.progress()
 
     @property
     def num_running(self) -> int:
@@ -180,32 +175,20 @@ class LLMEngine:
 
         if not is_prefill:
             self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), bool(drafts))
-        chunks, finished = [], []
-        interval = self.config.stream_interval
         for seq, pairs in zip(batch, emitted):
-            reason = None
-            for token, logprob in pairs:
-                seq.append(token, logprob)
-                reason = self._finish_reason(seq, token)
-                if reason is not None:
-                    break  # tokens verified past a stop token or max_tokens are dropped
+            kept, reason = self._kept(seq, pairs)
+            self.book.append(seq.request_id, [token for token, _ in kept], [logprob for _, logprob in kept], reason)
             seq.num_cached = seq.num_tokens - 1  # the K/V of every token but the newest (and no rejected draft)
-            if reason is not None:
-                seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
-                finished.append(seq)
-                del self._active[seq.request_id]
-                if self.drafter is not None:
-                    self.drafter.finish(seq.request_id)
-            while len(seq.output_token_ids) - seq.num_streamed >= interval or (
-                    reason is not None and seq.num_streamed < len(seq.output_token_ids)):
-                chunks.append(seq.take_chunk(self.weight_version, interval))
+        finished = [seq for seq in batch if seq.finish_reason is not None]
+        for seq in finished if self.drafter is not None else ():
+            self.drafter.finish(seq.request_id)
+        chunks = self.book.take_chunks(self.weight_version, [seq.request_id for seq in batch])
         self.scheduler.remove(finished, self.cache)
         return chunks
 
     def flush(self) -> list[StreamChunk]:
         """A chunk of every unfinished request's tokens not chunked yet (fewer than stream_interval)."""
-        return [seq.take_chunk(self.weight_version, self.config.stream_interval) for seq in self._active.values()
-                if len(seq.output_token_ids) > seq.num_streamed]
+        return self.book.flush(self.weight_version)
 
     # ---- speculative decoding (HistoSpec) ----------------------------------------------------------
 
@@ -286,12 +269,16 @@ class LLMEngine:
             last_index = torch.zeros(len(batch), dtype=torch.long)
         return input_ids.to(self.device), positions.to(self.device), last_index.to(self.device)
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        if token in seq.stop_token_ids:
-            return "stop"
-        if len(seq.output_token_ids) >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-            return "length"
-        return None
+    def _kept(self, seq: Sequence, pairs: list[tuple[int, float]]) -> tuple[list[tuple[int, float]], str | None]:
+        """The (token, log-prob) pairs a step emitted for `seq` that its response keeps, and why it
+        ends there (None: it goes on): tokens verified past a stop token or max_tokens are dropped."""
+        made, total = len(seq.output_token_ids), seq.num_tokens
+        for n, (token, _) in enumerate(pairs, 1):
+            if token in seq.stop_token_ids:
+                return pairs[:n], "stop"
+            if made + n >= seq.params.max_tokens or total + n >= self.max_model_len:
+                return pairs[:n], "length"
+        return pairs, None
 
     # ---- offline convenience -------------------------------------------------------------------
 
@@ -306,7 +293,7 @@ class LLMEngine:
         try:
             for rid, prompt, p in zip(ids, prompts, params_list):
                 self.add(rid, prompt, p)
-                seqs.append(self._active[rid])
+                seqs.append(self.book[rid])
             while self.has_unfinished():
                 self.step()
         finally:
@@ -318,7 +305,7 @@ class LLMEngine:
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Copy a complete state dict into the model in place and tag it `version`."""
-        self._require_idle("load_weights")
+        self.book.require_idle("load_weights")
         params = dict(self.model.named_parameters())  # tied weights appear once
         check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
         with torch.no_grad():
@@ -328,14 +315,9 @@ class LLMEngine:
 
     def sleep(self) -> None:
         """Free the KV cache so the device can train; the weights stay."""
-        self._require_idle("sleep")
+        self.book.require_idle("sleep")
         self.cache.release()
         self.asleep = True
 
     def wake(self) -> None:
         self.asleep = False  # the cache is re-allocated on the next step that needs it
-
-    def _require_idle(self, what: str) -> None:
-        if self.has_unfinished():
-            raise EngineStateError(f"{what}() needs an idle engine but {len(self._active)} requests are "
-                                   "unfinished; let them finish or abort() them first")

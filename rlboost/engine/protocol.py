@@ -1,9 +1,14 @@
 """The contract every rollout engine backend implements (DESIGN.md 2.1), as torch-free code.
 
 A rollout worker (`rlboost.hybrid.worker.RolloutWorker`) drives any engine that satisfies
-`EngineBackend`: rlboost's own `LLMEngine` (exact continuation, the HistoSpec verifier), the emulated
-engine of `rlboost.sim.emulated` (the profile's timing, no model), and any other backend built behind
-the same calls. Nothing here imports torch, so a worker process whose engine needs none never loads it.
+`EngineBackend`: rlboost's own `LLMEngine` (exact continuation, the HistoSpec verifier), `VllmEngine`,
+the emulated engine of `rlboost.sim.emulated` (the profile's timing, no model), and any other backend
+built behind the same calls; `rlboost.engine.factory.make_engine` builds the one `engine.backend`
+names. Nothing here imports torch, so a worker process whose engine needs none never loads it.
+
+Every backend keeps its requests in a `rlboost.engine.request_book.RequestBook`, which implements the
+chunking, `flush`, `abort`, `progress` and the idle check promised below (invariants 3 and 4 rest on
+them); a backend's `step` only appends the tokens it produced and says when a request ends.
 
 The calls and what they promise:
 - `add(request_id, prompt_token_ids, params, prompt_len=None) -> seed`: admit a request, or raise

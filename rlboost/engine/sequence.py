@@ -1,4 +1,4 @@
-"""A request's state inside the engine, and what the engine hands back about it."""
+"""A request's state inside an engine, and what the engine hands back about it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from rlboost.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
+    """Where a request of rlboost's engine is scheduled (a finished one has left the engine)."""
+
     WAITING = "waiting"      # admitted, prompt not yet in the KV cache
     RUNNING = "running"      # holds a KV-cache slot, decoding
-    FINISHED = "finished"
 
 
 @dataclass
@@ -62,21 +63,33 @@ class Completion:
 
 
 @dataclass
-class Sequence:
+class Request:
+    """What every backend records about a request it holds (`rlboost.engine.request_book`): its
+    prompt and seed, every token it generated with its log-prob, how many of them were handed out in
+    chunks, and how it ended."""
+
     request_id: str
     prompt_token_ids: list[int]
-    params: SamplingParams
+    """The submitted ids: the original prompt, plus partial response tokens when resubmitted."""
     seed: int
-    stop_token_ids: frozenset[int]
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     num_streamed: int = 0
     """How many output tokens have been handed out in chunks."""
+    finish_reason: str | None = None
+    """Set when the response ends: `stop` or `length`."""
+
+
+@dataclass(kw_only=True)
+class Sequence(Request):
+    """A request of rlboost's engine: the book's record plus its scheduling and cache state."""
+
+    params: SamplingParams
+    stop_token_ids: frozenset[int]
     num_cached: int = 0
     """How many leading tokens of prompt + output have their K/V in the cache."""
     slot: int | None = None
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: str | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -85,22 +98,3 @@ class Sequence:
     @property
     def last_token_id(self) -> int:
         return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
-
-    def append(self, token_id: int, logprob: float) -> None:
-        self.output_token_ids.append(token_id)
-        self.output_logprobs.append(logprob)
-
-    def take_chunk(self, weight_version: int, limit: int) -> StreamChunk:
-        """The next at most `limit` unstreamed tokens; `finished` only on the chunk that ends the response."""
-        start = self.num_streamed
-        self.num_streamed = min(len(self.output_token_ids), start + limit)
-        done = self.status is SequenceStatus.FINISHED and self.num_streamed == len(self.output_token_ids)
-        return StreamChunk(
-            request_id=self.request_id,
-            token_ids=self.output_token_ids[start:self.num_streamed],
-            logprobs=self.output_logprobs[start:self.num_streamed],
-            offset=start,
-            finished=done,
-            finish_reason=self.finish_reason if done else None,
-            weight_version=weight_version,
-        )

