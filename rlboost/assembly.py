@@ -20,7 +20,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint
-from rlboost.config import ConfigError, RLBoostConfig
+from rlboost.config import ConfigError, RLBoostConfig, check_finite
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine.factory import make_engine
 from rlboost.histospec import Drafter, HistoryStore
@@ -248,6 +248,7 @@ def resume(cfg: RLBoostConfig, run_dir: Path, trainer: PolicyTrainer, loader: Pr
 
 def validate(cfg: RLBoostConfig) -> None:
     """Every section's own checks, as ConfigErrors (the CLI reports them without a traceback)."""
+    check_finite(cfg)  # `load_config` checked it too; a config built in code comes here only
     for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.cluster, cfg.reward, cfg.cost, cfg.tracking,
                     cfg.run):
         try:

@@ -100,8 +100,11 @@ def _bench(args: argparse.Namespace) -> int:
     from rlboost.run_log import run_log
     from rlboost.tables import log_for, print_line, print_output
 
+    from rlboost.config import check_finite
+
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
+    check_finite(cfg, name=lambda key: "--" + key.split("[")[0].replace("_", "-"))  # argparse's float takes nan and inf
     kwargs = {"log": log_for(console)} if "log" in inspect.signature(run).parameters else {}
     # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the
     # console keeps the bench's own lines and the events

@@ -8,15 +8,19 @@ Every component owns a config dataclass documented field by field (see `EngineCo
 only merges sources onto such a dataclass, in order: the dataclass defaults, then the YAML file, then
 the command-line overrides. Unknown keys are errors that list the valid keys at that level, so a typo
 never silently falls back to a default; a key that moved (`MOVED`) is an error naming its new place.
+Every number of the loaded config must be finite (`check_finite`): `nan` and `inf` parse as floats,
+and would pass most range checks (`nan < 0` is False) to freeze or poison a run. A field that gives
+`inf` or `nan` a meaning declares it in its metadata (`ALLOWS_NON_FINITE`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import typing
 from pathlib import Path
-from typing import Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -142,11 +146,50 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
 
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), *(OmegaConf.create(d) for _, d in sources))
-        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+        config = OmegaConf.to_object(merged)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         where = f" at `{key}`" if key else ""
         raise ConfigError(f"invalid config value{where}: {e.msg if hasattr(e, 'msg') else e}") from e
+    check_finite(config)
+    return config  # type: ignore[return-value]
+
+
+ALLOWS_NON_FINITE = "allows_non_finite"
+"""Metadata key of a config field that may hold `inf` or `nan`, declared where the field is, e.g.
+`limit_s: float = dataclasses.field(default=math.inf, metadata={ALLOWS_NON_FINITE: True})`, with a
+docstring that says what the value means ("inf: no limit"). No field declares it today."""
+
+
+def check_finite(config, name: Callable[[str], str] = str) -> None:
+    """Raise ConfigError if a number of the dataclass instance `config` is `nan` or `inf`, naming it
+    by its dotted key (`rollout.hybrid.heartbeat_timeout_s`), passed through `name` (a command-line
+    flag, say). Nested dataclasses, lists (`trainer.betas[0]`) and dicts (`cost.instance_usd_per_hour.NAME`)
+    are walked; a field declaring `ALLOWS_NON_FINITE` is skipped."""
+    found = next(non_finite_numbers(config), None)
+    if found is not None:
+        key, value = found
+        raise ConfigError(f"{name(key)} must be a finite number, got {value}")
+
+
+def non_finite_numbers(config, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of each `nan` or `inf` in the dataclass instance `config`, in field order."""
+    for f in dataclasses.fields(config):
+        if not f.metadata.get(ALLOWS_NON_FINITE):
+            yield from _non_finite(getattr(config, f.name), prefix + f.name)
+
+
+def _non_finite(value, key: str) -> Iterator[tuple[str, float]]:
+    if dataclasses.is_dataclass(value):
+        yield from non_finite_numbers(value, key + ".")
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield key, value
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            yield from _non_finite(item, f"{key}[{i}]")
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _non_finite(item, f"{key}.{name}")
 
 
 def _parse_overrides(overrides: Sequence[str]) -> dict:

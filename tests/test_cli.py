@@ -68,3 +68,23 @@ def test_bench_engine_default_workload(tmp_path):
           f"({r['engine_vs_roofline']:.0%})")
     assert r["outputs_identical_to_hf"] == 1.0
     assert r["engine_vs_hf"] > 1.0
+
+
+CONFIGS = Path(__file__).parent.parent / "configs"
+
+
+def error_lines(capsys) -> list[str]:
+    """The lines the command printed that report an error; a traceback fails the test."""
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return [line for line in (captured.out + captured.err).splitlines() if line.startswith("error:")]
+
+
+def test_a_number_that_is_not_finite_exits_2_naming_its_key(tmp_path, capsys):
+    assert main(["train", str(CONFIGS / "smoke.yaml"), "trainer.lr=inf", f"run.output_dir={tmp_path}"]) == 2
+    assert error_lines(capsys) == ["error: trainer.lr must be a finite number, got inf"]
+    assert main(["simulate", "duration_s=nan", "--plots", str(tmp_path)]) == 2
+    assert error_lines(capsys) == ["error: duration_s must be a finite number, got nan"]
+    assert main(["bench", "weights", "--bucket-mb", "nan"]) == 2  # argparse's float takes nan and inf
+    assert error_lines(capsys) == ["error: --bucket-mb must be a finite number, got nan"]
+

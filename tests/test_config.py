@@ -1,10 +1,12 @@
 """Config: defaults <- YAML <- dotted overrides; unknown keys and bad values are errors naming them."""
 
+import dataclasses
+import math
 import re
 
 import pytest
 
-from rlboost.config import ConfigError, RLBoostConfig, load_config
+from rlboost.config import ALLOWS_NON_FINITE, ConfigError, RLBoostConfig, load_config
 
 
 def test_defaults_yaml_then_overrides(tmp_path):
@@ -52,7 +54,6 @@ def test_bad_values_and_malformed_overrides(tmp_path):
 
 
 def test_shipped_configs_are_valid_and_complete():
-    import dataclasses
     import typing
     from pathlib import Path
 
@@ -135,3 +136,70 @@ def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "
                                           "verify HistoSpec's drafts"):
         validate(cfg)
+
+
+# --- nan and inf --------------------------------------------------------------------------------------
+
+def float_keys(schema: type, prefix: str = "") -> list[tuple[str, str]]:
+    """(override, the dotted key it must be reported under) for every float of `schema` and of the
+    dataclasses under it: float fields, the first item of a list of floats, an entry of a dict of floats."""
+    import typing
+
+    keys = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        kind, key = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(kind):
+            keys += float_keys(kind, key + ".")
+        elif f.metadata.get(ALLOWS_NON_FINITE):
+            continue
+        elif kind is float or kind == float | None:
+            keys.append((key + "={}", key))
+        elif kind == list[float]:
+            keys.append((key + "=[{},1.0]", key + "[0]"))
+        elif kind == dict[str, float]:
+            keys.append((key + ".extra={}", key + ".extra"))
+    return keys
+
+
+def schemas():
+    from rlboost.sim.simulator import SimConfig
+
+    return [RLBoostConfig, SimConfig]  # `rlboost train` / `generate`, and `rlboost simulate`
+
+
+@pytest.mark.parametrize("schema", schemas(), ids=lambda s: s.__name__)
+def test_every_number_of_a_config_refuses_nan_and_inf(schema):
+    keys = float_keys(schema)
+    names = {key for _, key in keys}
+    if schema is RLBoostConfig:  # the walk reaches every section, the nested ones included
+        assert {"trainer.lr", "rollout.hybrid.heartbeat_timeout_s", "rollout.hybrid.trace.time_scale",
+                "rollout.hybrid.offload.eta", "cluster.weights.pull_timeout_s", "trainer.betas[0]",
+                "cost.instance_usd_per_hour.extra"} <= names
+    assert len(keys) >= 25
+    for override, key in keys:
+        for value in ("nan", "inf", "-inf"):
+            with pytest.raises(ConfigError, match=re.escape(f"{key} must be a finite number, got {value}")):
+                load_config(schema, overrides=[override.format(value)])
+
+
+def test_a_config_built_in_code_is_checked_too():
+    from rlboost.assembly import validate
+
+    cfg = RLBoostConfig()
+    cfg.rollout.hybrid.heartbeat_timeout_s = float("nan")
+    with pytest.raises(ConfigError, match="rollout.hybrid.heartbeat_timeout_s must be a finite number, got nan"):
+        validate(cfg)
+
+
+@dataclasses.dataclass
+class Limits:
+    limit_s: float = dataclasses.field(default=math.inf, metadata={ALLOWS_NON_FINITE: True})
+    rate: float = 1.0
+
+
+def test_a_field_may_declare_that_it_allows_inf():
+    assert load_config(Limits).limit_s == math.inf
+    assert math.isnan(load_config(Limits, overrides=["limit_s=nan"]).limit_s)
+    with pytest.raises(ConfigError, match="rate must be a finite number, got inf"):
+        load_config(Limits, overrides=["rate=inf"])
