@@ -28,6 +28,10 @@ def write(tmp_path, text: str):
     ("time_s,available_instances\n0,3\n60,2\n60,4\n", 4, "does not increase"),
     ("time_s,available_instances\n0,3\n60,2\n30,4\n", 4, "does not increase"),
     ("time_s,available_instances\n-5,3\n", 2, ">= 0"),
+    ("time_s,available_instances\n0,3\n60,nan\n", 3, "whole number"),
+    ("time_s,available_instances\n0,3\n60,inf\n", 3, "whole number"),
+    ("time_s,available_instances\n0,3\nnan,2\n", 3, "finite"),
+    ("time_s,available_instances\n0,3\n1e400,2\n", 3, "finite"),
 ])
 def test_parse_errors_name_file_and_line(tmp_path, text, line, words):
     path = write(tmp_path, text)
@@ -35,6 +39,17 @@ def test_parse_errors_name_file_and_line(tmp_path, text, line, words):
         SpotTrace.from_csv(path)
     assert f"{path}:{line}:" in str(e.value)
     assert words in str(e.value)
+
+
+def test_a_file_that_is_not_text_is_named_with_its_line(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_bytes(b"time_s,available_instances\n0,3\n60,\xff\xfe\n")
+    with pytest.raises(ValueError, match="not UTF-8 text") as e:
+        SpotTrace.from_csv(path)
+    assert f"{path}:3:" in str(e.value)
+    with pytest.raises(ValueError, match="cannot read the trace file") as e:
+        SpotTrace.from_csv(tmp_path)  # a folder
+    assert str(tmp_path) in str(e.value)
 
 
 @pytest.mark.parametrize("text, words", [("", "empty"), ("\n\n", "empty"), ("time_s,available_instances\n", "no data")])
@@ -48,6 +63,9 @@ def test_empty_files_are_rejected_by_name(tmp_path, text, words):
 def test_parse_tolerates_spaces_and_blank_lines(tmp_path):
     trace = SpotTrace.from_csv(write(tmp_path, "time_s, available_instances\n0, 3\n\n60,5.0\n"))
     assert trace.times_s == (0.0, 60.0) and trace.counts == (3, 5)
+    with_bom = (tmp_path / "excel.csv")
+    with_bom.write_bytes(b"\xef\xbb\xbftime_s,available_instances\r\n0,3\r\n60,5\r\n")  # a spreadsheet's export
+    assert SpotTrace.from_csv(with_bom) == trace
 
 
 def test_available_at_is_a_step_function():

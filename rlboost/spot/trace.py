@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import io
 import math
 import random
 import re
@@ -59,8 +60,7 @@ class SpotTrace:
         path = Path(path)
         times: list[float] = []
         counts: list[int] = []
-        with path.open(newline="") as f:
-            rows = [(n, row) for n, row in enumerate(csv.reader(f), start=1) if any(c.strip() for c in row)]
+        rows = _csv_rows(path)
         if not rows:
             raise ValueError(f"{path}: empty file; expected the header `{','.join(HEADER)}` and data rows")
         line, header = rows[0]
@@ -157,6 +157,26 @@ class SpotTrace:
             "instances_lost": -sum(d for d in deltas if d < 0),
             "additions": sum(1 for d in deltas if d > 0),
         }
+
+
+def _csv_rows(path: Path) -> list[tuple[int, list[str]]]:
+    """(line, cells) of each row of the file that is not blank; a file that is unreadable, not UTF-8
+    text or not CSV raises ValueError naming it (and the line, where there is one)."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the trace file: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8-sig")  # a spreadsheet's byte-order mark is not part of the header
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte {data[e.start]:#04x}); expected a CSV file with "
+                         f"the header `{','.join(HEADER)}`") from None
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return [(reader.line_num, row) for row in reader if any(c.strip() for c in row)]
+    except csv.Error as e:
+        raise ValueError(f"{path}:{reader.line_num}: not a CSV row: {e}") from None
 
 
 def _parse_time(path: Path, line: int, text: str) -> float:
