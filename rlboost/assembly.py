@@ -1,11 +1,12 @@
 """Assembling a run of `rlboost train` from its config, and taking it apart again.
 
 Everything that can be wrong with the input (config, data, reward function, model path, prompt
-lengths) is checked in `setup`, before the first step. `setup` then starts the run's Ray once (a
-`Cluster`, when hybrid rollout or trainer ranks need one), builds the trainer (in this process, or
-as ranks on the cluster), restores the latest checkpoint if resuming, and builds the rollout backend
-of `rollout.mode` serving exactly the trainer's weights. `RunParts.close` tears it down in reverse:
-trainer ranks, rollout workers, then Ray. The training loop itself is `rlboost.train`.
+lengths, the spot trace file) is checked in `setup`, before Ray or any worker starts. `setup` then
+starts the run's Ray once (a `Cluster`, when hybrid rollout or trainer ranks need one), builds the
+trainer (in this process, or as ranks on the cluster), restores the latest checkpoint if resuming,
+and builds the rollout backend of `rollout.mode` serving exactly the trainer's weights.
+`RunParts.close` tears it down in reverse: trainer ranks, rollout workers, then Ray. The training
+loop itself is `rlboost.train`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rlboost.policies.histopipe import HistoPipe
 from rlboost.rewards import RewardScorer, load_reward_fn
 from rlboost.rollout import ColocatedRollout, RolloutBackend
 from rlboost.run_dir import run_folder
-from rlboost.spot import CostMeter
+from rlboost.spot import CostMeter, load_trace
 from rlboost.trainer import Trainer
 
 if TYPE_CHECKING:
@@ -267,6 +268,19 @@ def validate(cfg: RLBoostConfig) -> None:
                           "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
+    check_trace(cfg)
+
+
+def check_trace(cfg: RLBoostConfig) -> None:
+    """The trace provider's file, read and windowed now: a bad file is a one-line error before Ray
+    starts, not a traceback from the provider's thread once the workers run."""
+    h = cfg.rollout.hybrid
+    if cfg.rollout.mode != "hybrid" or h.provider != "trace":
+        return
+    try:
+        load_trace(h.trace)
+    except ValueError as e:  # the message names the file and line, or the trace.* field
+        raise ConfigError(str(e)) from e
 
 
 def check_local_devices(cfg: RLBoostConfig) -> None:

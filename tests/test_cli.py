@@ -1,6 +1,7 @@
 """The `rlboost` command: bench engine writes its JSON, generate streams text, bad input exits 2."""
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -88,3 +89,41 @@ def test_a_number_that_is_not_finite_exits_2_naming_its_key(tmp_path, capsys):
     assert main(["bench", "weights", "--bucket-mb", "nan"]) == 2  # argparse's float takes nan and inf
     assert error_lines(capsys) == ["error: --bucket-mb must be a finite number, got nan"]
 
+
+BAD_TRACES = {
+    "random bytes": (random.Random(0).randbytes(300), "not UTF-8 text"),
+    "a negative count": (b"time_s,available_instances\n0,3\n60,-1\n", "3: available_instances must be >= 0"),
+    "a malformed row": (b"time_s,available_instances\n0,3\n60;2\n", "3: expected 2 columns"),
+    "times not increasing": (b"time_s,available_instances\n0,3\n60,2\n30,1\n", "4: time_s 30 does not increase"),
+}
+
+
+@pytest.fixture(params=list(BAD_TRACES), ids=list(BAD_TRACES))
+def bad_trace(request, tmp_path) -> tuple[Path, str]:
+    """A trace file with something wrong in it, and what its error says after `FILE:`."""
+    content, message = BAD_TRACES[request.param]
+    path = tmp_path / "trace.csv"
+    path.write_bytes(content)
+    return path, message
+
+
+def test_a_bad_trace_file_exits_2_naming_it_in_simulate(bad_trace, tmp_path, capsys):
+    path, message = bad_trace
+    assert main(["simulate", f"trace.path={path}", "--plots", str(tmp_path / "plots")]) == 2
+    [line] = error_lines(capsys)
+    assert line.startswith(f"error: {path}:") and message in line
+
+
+def test_a_bad_trace_file_exits_2_naming_it_before_a_hybrid_run_starts(bad_trace, tmp_path, capsys, monkeypatch):
+    import rlboost.assembly
+
+    def past_validation(*args, **kwargs):
+        raise AssertionError("the run went past its validation (data, model, Ray) with a bad trace file")
+
+    for step in ("load_datasets", "load_model", "start_cluster"):
+        monkeypatch.setattr(rlboost.assembly, step, past_validation)
+    path, message = bad_trace
+    assert main(["train", str(CONFIGS / "hybrid_smoke.yaml"), "rollout.hybrid.provider=trace",
+                 f"rollout.hybrid.trace.path={path}", f"run.output_dir={tmp_path / 'run'}"]) == 2
+    [line] = error_lines(capsys)
+    assert line.startswith(f"error: {path}:") and message in line
