@@ -32,6 +32,7 @@ from rlboost.rollout import ColocatedRollout, RolloutBackend
 from rlboost.run_dir import run_folder
 from rlboost.spot import CostMeter, load_trace
 from rlboost.trainer import Trainer
+from rlboost.trainer.schedule import optimizer_steps
 
 if TYPE_CHECKING:
     from rlboost.cluster.ray_cluster import Cluster
@@ -226,8 +227,7 @@ def check_context(cfg: RLBoostConfig, max_model_len: int) -> None:
 
 
 def optimizer_steps_per_step(cfg: RLBoostConfig) -> int:
-    mini = cfg.trainer.mini_batch_groups or cfg.data.train_batch_size
-    return -(-cfg.data.train_batch_size // mini)
+    return optimizer_steps(cfg.data.train_batch_size, cfg.trainer.mini_batch_groups)
 
 
 def resume(cfg: RLBoostConfig, run_dir: Path, trainer: PolicyTrainer, loader: PromptLoader) -> dict:

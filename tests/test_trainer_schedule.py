@@ -94,3 +94,12 @@ def test_tis_needs_one_optimizer_step_per_step():
         BatchSchedule(4, 1, 2, tis_cap=2.0)
     BatchSchedule(4, 1, 0, tis_cap=2.0)
     BatchSchedule(4, 1, 4, tis_cap=2.0)
+
+
+def test_the_run_counts_optimizer_steps_as_the_schedule_takes_them():
+    from rlboost.trainer.schedule import optimizer_steps
+
+    for groups, mini in [(8, 0), (8, 3), (8, 4), (1, 1), (5, 2)]:
+        schedule = BatchSchedule(groups, 1, mini)
+        steps = sum(isinstance(e, OptimizerStep) for i in range(groups) for e in schedule.add(group(i)))
+        assert optimizer_steps(groups, mini) == steps

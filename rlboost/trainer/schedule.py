@@ -96,6 +96,13 @@ class BatchSchedule:
         return MicroBatch(per_rank)
 
 
+def optimizer_steps(num_groups: int, mini_batch_groups: int) -> int:
+    """Optimizer steps in a training step of `num_groups` groups (mini-batches of `mini_batch_groups`,
+    0: the whole step; the last one takes what is left)."""
+    mini = mini_batch_groups or num_groups
+    return -(-num_groups // mini)
+
+
 def check_finished(group: Group) -> None:
     if not group.finished:
         raise ValueError(f"group {group.index} reached the trainer with unfinished samples")
@@ -108,4 +115,4 @@ def check_tis(tis_cap: float, mini_size: int, num_groups: int) -> None:
                          f"{mini_size} splits the step's {num_groups} groups: set trainer.mini_batch_groups=0")
 
 
-__all__ = ["BatchSchedule", "MicroBatch", "OptimizerStep", "check_finished", "check_tis"]
+__all__ = ["BatchSchedule", "MicroBatch", "OptimizerStep", "check_finished", "check_tis", "optimizer_steps"]
