@@ -125,12 +125,17 @@ def start_cluster(cfg: RLBoostConfig) -> Cluster | None:
     hybrid rollout's workers, trainer ranks (`trainer.world_size` > 1), or both. A colocated run at
     world size 1 needs none (None). Only hybrid rollout stands up preemptible instances; without it
     the whole local node is reserved."""
-    hybrid = cfg.rollout.mode == "hybrid"
-    if not hybrid and cfg.trainer.world_size == 1:
+    if not needs_cluster(cfg):
         return None
     from rlboost.cluster.ray_cluster import Cluster  # Ray is imported only when used
 
+    hybrid = cfg.rollout.mode == "hybrid"
     return Cluster(cfg.cluster, cfg.rollout.hybrid.instances if hybrid else None)
+
+
+def needs_cluster(cfg: RLBoostConfig) -> bool:
+    """Whether the run stands on Ray: hybrid rollout's workers, or trainer ranks."""
+    return cfg.rollout.mode == "hybrid" or cfg.trainer.world_size > 1
 
 
 def sharded_setup(cfg: RLBoostConfig, run_dir: Path, policy, loader: PromptLoader, pad_token_id: int,
@@ -269,6 +274,22 @@ def validate(cfg: RLBoostConfig) -> None:
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
     check_trace(cfg)
+    check_ray_address(cfg)
+
+
+def check_ray_address(cfg: RLBoostConfig) -> None:
+    """The cluster to join (`cluster.ray_address`) answers and, unless `cluster.ray.auth_token=false`,
+    refuses calls without a token: a one-line error in seconds instead of minutes of Ray's retries and
+    a traceback, or an unauthenticated cluster joined silently. Checked last, as it is the only check
+    that talks to another process."""
+    if not cfg.cluster.ray_address or not needs_cluster(cfg):
+        return
+    from rlboost.cluster.address import check_joinable
+
+    try:
+        check_joinable(cfg.cluster)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def check_trace(cfg: RLBoostConfig) -> None:

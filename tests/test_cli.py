@@ -127,3 +127,23 @@ def test_a_bad_trace_file_exits_2_naming_it_before_a_hybrid_run_starts(bad_trace
                  f"rollout.hybrid.trace.path={path}", f"run.output_dir={tmp_path / 'run'}"]) == 2
     [line] = error_lines(capsys)
     assert line.startswith(f"error: {path}:") and message in line
+
+
+def test_an_unreachable_ray_address_exits_2_in_one_line_before_ray(capsys):
+    """Not minutes of Ray's retries and a traceback: the address is checked before data, model or Ray."""
+    import socket
+    import time
+
+    import ray
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    rc = main(["train", "configs/hybrid_smoke.yaml", f"cluster.ray_address=127.0.0.1:{port}"])
+    assert rc == 2 and time.monotonic() - start < 30
+    captured = capsys.readouterr()
+    lines = captured.out.strip().splitlines()  # the config banner, then the error
+    assert lines[-1] == f"error: cluster.ray_address=127.0.0.1:{port}: nothing answers there (connection refused)"
+    assert len(lines) == 2 and "Traceback" not in captured.out + captured.err
+    assert not ray.is_initialized()

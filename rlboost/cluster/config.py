@@ -78,7 +78,9 @@ class ClusterConfig:
 
     ray_address: str = ""
     """Empty: start a local Ray on this machine. Otherwise the address of a running cluster to join
-    (its nodes then offer the `reserved` and `preemptible` resources themselves)."""
+    (its nodes then offer the `reserved` and `preemptible` resources themselves), as `host:port` of its
+    GCS. Checked before the run loads anything (`rlboost.cluster.address`): something must answer there,
+    and with `ray.auth_token` the cluster must refuse calls without a token."""
     ray: RaySecurityConfig = field(default_factory=RaySecurityConfig)
     """The local Ray's token authentication, the address its servers listen on (127.0.0.1 by default)
     and its workers' priority."""

@@ -2,8 +2,9 @@
 fleet and to the trainer ranks, and ended by its `shutdown` alone.
 
 Contract:
-- `Cluster(cfg, instances)` connects this process to Ray: the running cluster at `cfg.ray_address`, or
-  a local one started as `rlboost.cluster.ray_setup` secures it (token, loopback, quiet driver). It
+- `Cluster(cfg, instances)` connects this process to Ray: the running cluster at `cfg.ray_address`
+  (after `address.check_joinable`: it answers, and refuses calls without a token unless
+  `cfg.ray.auth_token` is false; ValueError otherwise, before `ray.init`), or a local one started as `rlboost.cluster.ray_setup` secures it (token, loopback, quiet driver). It
   refuses to start when this process already has a Ray: two owners would end it twice.
 - What a local cluster offers depends on how the run stands up preemptible instances (`instances`):
   `None` (no instances: a colocated run's trainer ranks) or `processes` (worker processes of this
@@ -21,6 +22,7 @@ import os
 
 import ray
 
+from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.ray_setup import route_ray_messages, start_local_cluster, start_local_ray, start_node_process
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
@@ -43,6 +45,7 @@ class Cluster:
         """The local multi-node cluster (`ray.cluster_utils.Cluster`) when instances are nodes."""
         cpus = num_cpus or os.cpu_count() or 1
         if cfg.ray_address:
+            check_joinable(cfg)
             route_ray_messages()
             ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
         elif instances == "nodes":
