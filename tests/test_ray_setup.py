@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,8 @@ import pytest
 import ray
 
 from rlboost.cluster import ray_setup
-from rlboost.cluster.config import RaySecurityConfig
+from rlboost.cluster.address import check_joinable
+from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
 from rlboost.cluster.ray_setup import (
     add_node,
     gcs_refuses_unauthenticated,
@@ -151,6 +153,9 @@ class TestLocalRay:
                 metadata=[("authorization", f"Bearer {os.environ['RAY_AUTH_TOKEN']}")])
         assert reply.cluster_id
 
+    def test_joining_it_passes_the_address_check(self, local_ray):
+        check_joinable(ClusterConfig(ray_address=local_ray))  # answers, and refuses calls without the token
+
     def test_only_a_client_with_the_token_can_join(self, local_ray, tmp_path):
         token = os.environ["RAY_AUTH_TOKEN"]
         envs = {
@@ -262,3 +267,17 @@ def test_no_token_auth_in_ray_is_an_error_not_an_open_cluster(ray_state, monkeyp
     with pytest.raises(RuntimeError, match="token authentication"):
         start_local_ray(RaySecurityConfig(), {}, num_cpus=1)
     assert not ray.is_initialized()
+
+
+def test_joining_a_cluster_without_token_auth_takes_auth_token_false(ray_state):
+    """The address check asks a real GCS: one started without authentication is refused unless the
+    user says `cluster.ray.auth_token=false`."""
+    start_local_ray(RaySecurityConfig(auth_token=False), {}, num_cpus=1)
+    try:
+        address = ray.get_runtime_context().gcs_address
+        with pytest.raises(ValueError, match=re.escape(f"cluster.ray_address={address}: this Ray cluster accepts "
+                                                       "calls without a token")):
+            check_joinable(ClusterConfig(ray_address=address))
+        check_joinable(ClusterConfig(ray_address=address, ray=RaySecurityConfig(auth_token=False)))
+    finally:
+        ray.shutdown()
