@@ -16,7 +16,9 @@ from rlboost.models import tiny_model
 
 @pytest.fixture(scope="module", autouse=True)
 def local_ray():
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    # address="local": a Ray of its own, never the one another run on this machine recorded in
+    # /tmp/ray/ray_current_cluster (ray.init() without an address joins that one)
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
     yield
     ray.shutdown()
 
