@@ -75,16 +75,18 @@ class HybridRollout:
         self.step_started = time.monotonic()
         self.training = training
         self.fleet.reap()
-        order = overruns = outlook = seed_window_s = None
+        order = overruns = plan = None
         if training:
             plan = self.loop.begin(self.instances_at_start)
-            self.seed_window_s, outlook, seed_window_s = plan.seed_window_s, plan.outlook, plan.seed_window_s
+            self.seed_window_s = plan.seed_window_s
             if self.histopipe is not None:
                 order = dispatch_order(self.histopipe, groups, version)
                 overruns = overrun_check(self.histopipe, groups)
             self._to_remember = groups
         history = self.history.responses if self.history is not None else None
-        self.run = self.manager.start_step(groups, params, version, seed_window_s, order, overruns, history, outlook)
+        # an evaluation has no seeding window: every worker generates to the end
+        self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
+                                           history, plan and plan.outlook)
         return self._released(self.run)
 
     @staticmethod
