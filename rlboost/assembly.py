@@ -274,7 +274,42 @@ def validate(cfg: RLBoostConfig) -> None:
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
     check_trace(cfg)
+    check_hosts(cfg)
     check_ray_address(cfg)
+
+
+def uses_hosts(cfg: RLBoostConfig) -> bool:
+    return cfg.rollout.mode == "hybrid" and cfg.rollout.hybrid.instances == "hosts"
+
+
+def check_hosts(cfg: RLBoostConfig) -> None:
+    """Emulated hosts (`rollout.hybrid.instances=hosts`) are a local cluster of this machine's own, in a
+    room of namespaces this process must be inside (`enter_hosts_room`)."""
+    if not uses_hosts(cfg):
+        return
+    from rlboost.cluster.hosts import in_room
+
+    if cfg.cluster.ray_address:
+        raise ConfigError("rollout.hybrid.instances=hosts emulates a cluster on this machine; it cannot join "
+                          f"cluster.ray_address={cfg.cluster.ray_address!r}")
+    if not in_room():
+        raise ConfigError("rollout.hybrid.instances=hosts runs inside a room of emulated hosts: start it with "
+                          "the rlboost command, which enters one")
+
+
+def enter_hosts_room(cfg: RLBoostConfig) -> None:
+    """With `rollout.hybrid.instances=hosts`, re-execute this command inside a new room of emulated hosts
+    (`rlboost.cluster.hosts`); returns at once otherwise, or when already inside one."""
+    import sys
+
+    from rlboost.cluster.hosts import enter_room
+
+    if not uses_hosts(cfg):
+        return
+    try:
+        enter_room([sys.executable, "-m", "rlboost.cli", *sys.argv[1:]])
+    except RuntimeError as e:  # this machine refuses the namespaces
+        raise ConfigError(str(e)) from e
 
 
 def check_ray_address(cfg: RLBoostConfig) -> None:

@@ -198,6 +198,7 @@ SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
 
 
 def _train(args: argparse.Namespace) -> int:
+    from rlboost.assembly import enter_hosts_room
     from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.run_dir import run_folder
@@ -206,8 +207,9 @@ def _train(args: argparse.Namespace) -> int:
 
     config, overrides = args.config, list(args.overrides)
     config, base = base_config(config, overrides)
-    console.print(base, markup=False, highlight=False, soft_wrap=True)
     cfg = load_config(RLBoostConfig, config, overrides)
+    enter_hosts_room(cfg)  # rollout.hybrid.instances=hosts: this command goes on inside a room of hosts
+    console.print(base, markup=False, highlight=False, soft_wrap=True)
     # fixed now, so that a stop can name the folder to resume (a default name carries the start time)
     cfg.run.output_dir = str(run_folder(cfg.run, config))
     try:

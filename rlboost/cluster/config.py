@@ -7,6 +7,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
+from rlboost.cluster.hosts import HostEntry, expand_hosts
+
 LOOPBACK = "127.0.0.1"
 
 
@@ -86,8 +88,14 @@ class ClusterConfig:
     and its workers' priority."""
     weights: WeightsConfig = field(default_factory=WeightsConfig)
     """The weight store: bucket size, pull timeout and retries."""
+    hosts: list[HostEntry] = field(default_factory=lambda: [
+        HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preemptible", count=4, link="1gbit")])
+    """The hosts of `rollout.hybrid.instances=hosts` (`rlboost.cluster.hosts`): many hosts on this
+    machine, each in network namespaces of its own behind a rate-limited link. The first is reserved
+    (driver, Ray's head, trainer); preemptible ones boot when the run asks for an instance."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
         self.ray.validate()
         self.weights.validate()
+        expand_hosts(self.hosts)

@@ -1,4 +1,5 @@
-"""A Ray worker node as a process of its own: `python -m rlboost.cluster.node_process ADDRESS RESOURCES`.
+"""A Ray worker node as a process of its own:
+`python -m rlboost.cluster.node_process ADDRESS RESOURCES IP OBJECT_STORE_BYTES [CPUS GPUS]`.
 
 What a spot VM is to the cluster, on one machine: this process starts a raylet and an object store
 that join the cluster at ADDRESS (from its main thread, which Ray's node start-up needs), then waits.
@@ -15,12 +16,15 @@ import sys
 import threading
 
 
-def main(address: str, resources: dict[str, float], ip: str, object_store_bytes: int) -> None:
+def main(address: str, resources: dict[str, float], ip: str, object_store_bytes: int, cpus: int = 0,
+         gpus: int = 0) -> None:
+    """`cpus`, `gpus`: the logical CPUs and GPUs the node offers (Ray hands GPUs to actors asking for
+    them, setting their CUDA_VISIBLE_DEVICES)."""
     import ray
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
-    params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=0, num_gpus=0, resources=resources,
+    params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=cpus, num_gpus=gpus, resources=resources,
                        object_store_memory=object_store_bytes, min_worker_port=0, max_worker_port=0,
                        include_log_monitor=False, node_manager_port=0)
     params.dashboard_agent_listen_port = None  # any free port: the head's agent has the default one
@@ -32,4 +36,4 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), *map(int, sys.argv[5:7]))

@@ -10,21 +10,30 @@ Contract:
   `None` (no instances: a colocated run's trainer ranks) or `processes` (worker processes of this
   node): the node offers `reserved` (and with processes `preemptible`) to as many as the CPUs fit;
   `nodes`: the head offers `reserved` only and each instance is a Ray node of its own on this machine
-  (`start_node`), declared dead within about a second of vanishing, like a cloud's preemption. A
-  joined cluster offers what its nodes carry.
+  (`start_node`), declared dead within about a second of vanishing, like a cloud's preemption;
+  `hosts`: this process runs in a room of hosts (`rlboost.cluster.hosts`): the head is the first
+  reserved host of `cfg.hosts` (the room), further reserved hosts join at once, and each
+  `start_node` boots the next free preemptible host behind its link; Ray keeps its own (slow, as on
+  a cloud) node health checks, so the run's heartbeats find a vanished host. A joined cluster offers
+  what its nodes carry.
+- `end_node(node)` ends a node started with `start_node` as a preemption does: SIGKILL of its process
+  tree, or the whole host vanishing (link silent first, no reset).
 - `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
   trainer ranks) end their actors and nodes first and never shut Ray down themselves.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import ray
 
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
-from rlboost.cluster.ray_setup import route_ray_messages, start_local_cluster, start_local_ray, start_node_process
+from rlboost.cluster.hosts import ROOM_IP, Host, HostSpec, Room, expand_hosts
+from rlboost.cluster.ray_setup import (kill_node_process, node_process_argv, route_ray_messages, start_local_cluster,
+                                       start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 
 FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
@@ -42,9 +51,14 @@ class Cluster:
             raise RuntimeError("a run starts or joins its own Ray; ray.init() was already called in this process")
         self.cfg = cfg
         self.head = None
-        """The local multi-node cluster (`ray.cluster_utils.Cluster`) when instances are nodes."""
+        """The local multi-node cluster (`ray.cluster_utils.Cluster`) when instances are nodes or hosts."""
+        self.room: Room | None = None
+        """The hosts, when instances are hosts."""
+        self._free_hosts: list[HostSpec] = []
         cpus = num_cpus or os.cpu_count() or 1
-        if cfg.ray_address:
+        if instances == "hosts":
+            self._start_hosts(cfg)
+        elif cfg.ray_address:
             check_joinable(cfg)
             route_ray_messages()
             ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
@@ -64,19 +78,73 @@ class Cluster:
         return ray.cluster_resources()
 
     def start_node(self, resources: dict[str, float]):
-        """A new Ray node on this machine offering `resources`, as a process tree of its own: what a
-        spot VM is to the cluster. Whoever starts one ends it (`ray_setup.kill_node_process`: a
-        vanished VM), before `shutdown`."""
+        """A new Ray node offering `resources`: a process tree of its own on this machine, or a
+        preemptible host of its own (instances=hosts): what a spot VM is to the cluster. Whoever
+        starts one ends it (`end_node`), before `shutdown`."""
         if self.head is None:
-            raise RuntimeError("start_node needs a local cluster of nodes (rollout.hybrid.instances=nodes)")
-        return start_node_process(self.cfg.ray, self.head.address, resources)
+            raise RuntimeError("start_node needs a local cluster of nodes (rollout.hybrid.instances=nodes or hosts)")
+        if self.room is None:
+            return start_node_process(self.cfg.ray, self.head.address, resources)
+        if not self._free_hosts:
+            raise RuntimeError("every preemptible host of cluster.hosts is in use")
+        return self._boot_host(self._free_hosts.pop(0), resources)
+
+    def end_node(self, node) -> None:
+        """End a node of `start_node` as a preemption does."""
+        if isinstance(node, HostNode):
+            self.room.vanish(node.host)
+            if node.host.spec.kind == PREEMPTIBLE:
+                self._free_hosts.append(node.host.spec)  # a fresh instance may boot in its place
+        else:
+            kill_node_process(node)
 
     def shutdown(self) -> None:
-        """Disconnect from Ray and stop the local cluster this run started, if any."""
+        """Disconnect from Ray and stop the local cluster this run started, if any, and its hosts."""
         ray.shutdown()
         if self.head is not None:
             self.head.shutdown()
             self.head = None
+        if self.room is not None:
+            self.room.close()
+            self.room = None
+
+    def _start_hosts(self, cfg: ClusterConfig) -> None:
+        specs = expand_hosts(cfg.hosts)
+        self.room = Room()
+        try:
+            head = specs[0]
+            self.cfg = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, bind_host=ROOM_IP))
+            self.head = start_local_cluster(self.cfg.ray, {RESERVED: MANY}, head.cpus, {}, num_gpus=head.gpus)
+            for spec in specs[1:]:
+                if spec.kind == RESERVED:
+                    self._boot_host(spec, {RESERVED: MANY})
+                else:
+                    self._free_hosts.append(spec)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _boot_host(self, spec: HostSpec, resources: dict[str, float]) -> "HostNode":
+        host = self.room.add_host(spec)
+        proc = host.run(node_process_argv(self.head.address, resources, host.ip, HOST_OBJECT_STORE_BYTES,
+                                          spec.cpus, spec.gpus))
+        return HostNode(host, proc)
 
 
-__all__ = ["FAST_NODE_HEALTH", "Cluster"]
+HOST_OBJECT_STORE_BYTES = 2**30
+"""Object store of a host's node: room for a few versions of a small model's weights."""
+
+
+@dataclasses.dataclass
+class HostNode:
+    """A Ray node on a host of its own (instances=hosts)."""
+
+    host: Host
+    process: object
+
+    def poll(self):
+        """None while the node's process runs (as `subprocess.Popen.poll`)."""
+        return self.process.poll() if self.host.alive() else -9
+
+
+__all__ = ["FAST_NODE_HEALTH", "Cluster", "HostNode"]

@@ -91,7 +91,7 @@ def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], nu
 
 
 def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, float], num_cpus: int,
-                        system_config: dict) -> "Cluster":
+                        system_config: dict, num_gpus: int = 0) -> "Cluster":
     """Start the head node of a local multi-node Ray cluster and connect this process to it, per
     `security`. Add nodes with `add_node(cluster, security, ...)`; remove them with
     `cluster.remove_node`; stop with `ray.shutdown()` then `cluster.shutdown()`."""
@@ -100,7 +100,7 @@ def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, f
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": num_cpus, "resources": dict(head_resources), "include_dashboard": False,
+        "num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(head_resources), "include_dashboard": False,
         "dashboard_host": LOOPBACK, "node_ip_address": security.bind_host,
         "_system_config": {"worker_niceness": security.worker_niceness} | dict(system_config)})
     try:
@@ -132,16 +132,22 @@ def start_node_process(security: RaySecurityConfig, gcs_address: str, resources:
     a spot VM is to the cluster. Safe from any thread (`Cluster.add_node` installs signal handlers,
     so it only works from the main thread). It inherits the token and the loopback settings from this
     process's environment; end it whole with `kill_node_process`."""
-    import json
     import subprocess
-    import sys
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlboost.cluster.node_process", gcs_address, json.dumps(resources),
-         security.bind_host, str(object_store_bytes)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(node_process_argv(gcs_address, resources, security.bind_host, object_store_bytes),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _node_processes.append(proc)
     return proc
+
+
+def node_process_argv(gcs_address: str, resources: dict[str, float], ip: str, object_store_bytes: int,
+                      cpus: int = 0, gpus: int = 0) -> list[str]:
+    """The command line of `rlboost.cluster.node_process`: a Ray node at `ip` joining `gcs_address`."""
+    import json
+    import sys
+
+    return [sys.executable, "-m", "rlboost.cluster.node_process", gcs_address, json.dumps(resources), ip,
+            str(object_store_bytes), str(cpus), str(gpus)]
 
 
 _node_processes: list = []

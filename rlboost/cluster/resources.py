@@ -7,9 +7,10 @@ loads nothing."""
 
 RESERVED, PREEMPTIBLE = "reserved", "preemptible"
 
-INSTANCE_KINDS = ("processes", "nodes")
-"""How a local cluster stands up preemptible instances: worker processes of its own node, or a Ray
-node of their own each (`rollout.hybrid.instances`)."""
+INSTANCE_KINDS = ("processes", "nodes", "hosts")
+"""How a local cluster stands up preemptible instances: worker processes of its own node, a Ray node
+of their own each on this machine, or a Ray node each on a host of its own behind a link
+(`cluster.hosts`, `rlboost.cluster.hosts`) (`rollout.hybrid.instances`)."""
 
 MANY = 10_000
 """Units of a kind a local node offers: enough that the custom resources never limit how many

@@ -29,8 +29,10 @@ class HybridConfig:
     autoscaler)."""
     instances: str = "processes"
     """How a local run stands up preemptible instances: `processes` (worker processes of the local Ray
-    node) or `nodes` (one extra Ray node per instance, started on this machine, so a preemption can
-    remove a whole node)."""
+    node), `nodes` (one extra Ray node per instance, started on this machine, so a preemption can
+    remove a whole node) or `hosts` (one Ray node per instance on an emulated host of its own, behind a
+    rate-limited link: `cluster.hosts`; the run re-executes itself inside a room of network namespaces,
+    and a preemption vanishes the whole host)."""
     seed_window_s: float = 2.0
     """T_seed: seconds at the start of a step during which the reserved workers generate too. The
     offload controller tunes it; 0 hands every sample to the preemptible workers at once."""
@@ -66,7 +68,7 @@ class HybridConfig:
     (a seeded Poisson process over the run; 0 never kills)."""
     preempt_with: str = "sigkill"
     """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
-    processes (needs instances=nodes)."""
+    processes (needs instances=nodes; with instances=hosts the whole host vanishes)."""
     respawn: bool = True
     """`fixed` provider: replace a killed instance at once (the new one joins mid-step once its weight
     pull verifies)."""
@@ -89,8 +91,8 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.instances={self.instances!r}; choose one of {', '.join(INSTANCE_KINDS)}")
         if self.preempt_with not in PREEMPT_WITH:
             raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
-        if self.preempt_with == "node" and self.instances != "nodes":
-            raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes")
+        if self.preempt_with == "node" and self.instances not in ("nodes", "hosts"):
+            raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes or hosts")
         for name in ("seed_window_s", "preempt_every_s", "report_delay_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")

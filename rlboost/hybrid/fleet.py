@@ -2,11 +2,12 @@
 preemptions.
 
 Reserved workers are actors needing the `reserved` resource of the driver's node. A preemptible
-instance is either a worker process of the same node (`instances=processes`) or a Ray node of its
-own started on this machine (`instances=nodes`, `Cluster.start_node`). Preempting an instance is a
-hard kill: SIGKILL of its process, or removal of its Ray node plus SIGKILL of its processes (a
-vanished VM takes its processes with it; a removed local node alone leaves them running). Nothing
-tells the manager: it finds out the way it would on a real cluster.
+instance is a worker process of the same node (`instances=processes`), a Ray node of its own started
+on this machine (`instances=nodes`), or a Ray node on an emulated host of its own behind a link
+(`instances=hosts`) (`Cluster.start_node`). Preempting an instance is a hard kill: SIGKILL of its
+process, or of its Ray node's whole process tree (a vanished VM takes its processes with it; a
+removed local node alone leaves them running), or the whole host vanishing, its link silent first.
+Nothing tells the manager: it finds out the way it would on a real cluster.
 
 The fleet ends its workers and their nodes (`shutdown`); Ray itself is the run's `Cluster`, which
 outlives the fleet.
@@ -28,7 +29,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rlboost.cluster import weights as weight_store
 from rlboost.cluster.manifest import WeightManifest
 from rlboost.cluster.ray_cluster import Cluster
-from rlboost.cluster.ray_setup import kill_node_process
 from rlboost.cluster.resources import MANY
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, WorkerHandle, first_line
@@ -174,15 +174,16 @@ class Fleet:
         self.killed.add(handle.name)
         self.manager.table.causes[handle.name] = f"preempted by {by}"
         self._ended(handle.name)
-        if how == "node":
+        if how == "node" or self.cluster.room is not None:  # a host's PIDs are its own namespace's
             node = self.nodes.pop(handle.name, None)
             if node is None:
-                raise ValueError(f"{handle.name} has no Ray node of its own (rollout.hybrid.instances=nodes)")
-            kill_node_process(node)
-        try:
-            os.kill(handle.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+                raise ValueError(f"{handle.name} has no Ray node of its own (rollout.hybrid.instances=nodes or hosts)")
+            self.cluster.end_node(node)
+        if self.cluster.room is None:
+            try:
+                os.kill(handle.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def release(self, handle: WorkerHandle) -> None:
         """Give an instance back (beyond the cap): a graceful end, not a preemption. The manager takes
@@ -199,7 +200,7 @@ class Fleet:
         with self._node_lock:
             node = self.nodes.pop(handle.name, None)
         if node is not None:
-            kill_node_process(node)
+            self.cluster.end_node(node)
 
     def instance_seconds(self, t0: float, t1: float) -> float:
         """Preemptible instance-seconds billed between monotonic times t0 and t1."""
@@ -218,7 +219,7 @@ class Fleet:
         self.manager.shutdown()
         with self._node_lock:
             for node in self.nodes.values():
-                kill_node_process(node)
+                self.cluster.end_node(node)
 
     def _await_boot(self, info_ref):
         """A booting worker's info; gives up at call_timeout_s, or at once when the fleet stops."""
@@ -239,7 +240,7 @@ class Fleet:
             deadline = time.monotonic() + self.cfg.call_timeout_s
             while not any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()):
                 if node.poll() is not None or time.monotonic() > deadline or self._stopping:
-                    kill_node_process(node)
+                    self.cluster.end_node(node)
                     raise RuntimeError(f"the Ray node of {name} did not come up")
                 time.sleep(0.05)
         return node
