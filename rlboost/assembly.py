@@ -297,19 +297,6 @@ def check_hosts(cfg: RLBoostConfig) -> None:
                           "the rlboost command, which enters one")
 
 
-def enter_hosts_room(cfg: RLBoostConfig) -> None:
-    """With `rollout.hybrid.instances=hosts`, re-execute this command inside a new room of emulated hosts
-    (`rlboost.cluster.hosts`); returns at once otherwise, or when already inside one."""
-    import sys
-
-    from rlboost.cluster.hosts import enter_room
-
-    if not uses_hosts(cfg):
-        return
-    try:
-        enter_room([sys.executable, "-m", "rlboost.cli", *sys.argv[1:]])
-    except RuntimeError as e:  # this machine refuses the namespaces
-        raise ConfigError(str(e)) from e
 
 
 def check_ray_address(cfg: RLBoostConfig) -> None:

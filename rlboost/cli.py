@@ -49,6 +49,8 @@ BENCHES: dict[str, tuple[str, str, str]] = {
                 "benchmarking: world 1 in process, then FSDP2 ranks on Ray..."),
     "control-plane": ("control_plane", "the rollout manager's loop CPU per step at 4 / 16 / 64 emulated instances",
                       "running the real runtime on emulated instances..."),
+    "cluster": ("cluster", "hybrid rollout on emulated hosts behind 10G/1G/100M links: joins, steps, vanished hosts",
+                "running a room of emulated hosts per model and link..."),
 }
 
 
@@ -105,6 +107,8 @@ def _bench(args: argparse.Namespace) -> int:
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
     check_finite(cfg, name=lambda key: "--" + key.split("[")[0].replace("_", "-"))  # argparse's float takes nan and inf
+    if getattr(importlib.import_module(f"rlboost.bench.{BENCHES[args.what][0]}"), "NEEDS_ROOM", False):
+        _enter_room(args.argv)  # the bench goes on inside a room of emulated hosts
     kwargs = {"log": log_for(console)} if "log" in inspect.signature(run).parameters else {}
     # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the
     # console keeps the bench's own lines and the events
@@ -119,6 +123,18 @@ def _bench(args: argparse.Namespace) -> int:
         path.write_text(json.dumps(result, indent=2) + "\n")
         print_line(console, f"wrote {path}")
     return 0
+
+
+def _enter_room(argv: list[str]) -> None:
+    """Re-execute `rlboost ARGV` inside a room of emulated hosts (`rlboost.cluster.hosts`); returns at
+    once when already inside one."""
+    from rlboost.cluster.hosts import enter_room
+    from rlboost.config import ConfigError
+
+    try:
+        enter_room([sys.executable, "-m", "rlboost.cli", *argv])
+    except RuntimeError as e:  # this machine refuses the namespaces
+        raise ConfigError(str(e)) from e
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -198,7 +214,7 @@ SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlboost.assembly import enter_hosts_room
+    from rlboost.assembly import uses_hosts
     from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.run_dir import run_folder
@@ -208,7 +224,8 @@ def _train(args: argparse.Namespace) -> int:
     config, overrides = args.config, list(args.overrides)
     config, base = base_config(config, overrides)
     cfg = load_config(RLBoostConfig, config, overrides)
-    enter_hosts_room(cfg)  # rollout.hybrid.instances=hosts: this command goes on inside a room of hosts
+    if uses_hosts(cfg):
+        _enter_room(args.argv)  # rollout.hybrid.instances=hosts: this command goes on inside a room of hosts
     console.print(base, markup=False, highlight=False, soft_wrap=True)
     # fixed now, so that a stop can name the folder to resume (a default name carries the start time)
     cfg.run.output_dir = str(run_folder(cfg.run, config))
@@ -311,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     bench = argv[1] if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES else None
     args = build_parser(bench).parse_args(argv)
+    args.argv = argv  # what re-executes this command inside a room of emulated hosts
     if getattr(args, "config", None) and "=" in args.config:  # `rlboost train key=value` with no YAML
         args.overrides.insert(0, args.config)
         args.config = None

@@ -195,6 +195,12 @@ class Host:
     def alive(self) -> bool:
         return not self.vanished and self.unshare.poll() is None
 
+    def kill_process(self, pid: int) -> None:
+        """SIGKILL one process of the host, `pid` as the host sees it (a crash on a host that lives on:
+        its sockets close, so peers get a reset at once)."""
+        subprocess.run(["nsenter", "-t", str(self.init_pid), "-p", "-m", "--", "kill", "-9", str(pid)],
+                       capture_output=True)
+
     def pids(self) -> list[int]:
         """The room's PIDs of every process of the host (its PID namespace's)."""
         try:

@@ -149,9 +149,14 @@ class Fleet:
         self.manager.wait_ready(timeout_s)
 
     def reap(self) -> None:
-        """Forget (and kill) workers the manager declared dead; their instances stop being billed."""
+        """Forget (and kill) workers the manager declared dead, and their nodes or hosts (a fenced
+        instance whose link came back is ended, not counted twice); they stop being billed."""
         for h in self.manager.table.reap():
             self._ended(h.name)
+            with self._node_lock:
+                node = self.nodes.pop(h.name, None)
+            if node is not None:
+                self.cluster.end_node(node)
 
     def replenish(self) -> int:
         """Bring the preemptible pool back to `num_preemptible` at once; returns how many joined."""
