@@ -282,6 +282,19 @@ def uses_hosts(cfg: RLBoostConfig) -> bool:
     return cfg.rollout.mode == "hybrid" and cfg.rollout.hybrid.instances == "hosts"
 
 
+def check_hosts_config(cfg: RLBoostConfig) -> None:
+    """The emulated hosts' part of the config (`cluster.hosts`, no `cluster.ray_address`)."""
+    if cfg.cluster.ray_address:
+        raise ConfigError("rollout.hybrid.instances=hosts emulates a cluster on this machine; it cannot join "
+                          f"cluster.ray_address={cfg.cluster.ray_address!r}")
+    from rlboost.cluster.hosts import expand_hosts
+
+    try:
+        expand_hosts(cfg.cluster.hosts)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+
+
 def check_hosts(cfg: RLBoostConfig) -> None:
     """Emulated hosts (`rollout.hybrid.instances=hosts`) are a local cluster of this machine's own, in a
     room of namespaces this process must be inside (`enter_hosts_room`)."""
@@ -289,9 +302,7 @@ def check_hosts(cfg: RLBoostConfig) -> None:
         return
     from rlboost.cluster.hosts import in_room
 
-    if cfg.cluster.ray_address:
-        raise ConfigError("rollout.hybrid.instances=hosts emulates a cluster on this machine; it cannot join "
-                          f"cluster.ray_address={cfg.cluster.ray_address!r}")
+    check_hosts_config(cfg)
     if not in_room():
         raise ConfigError("rollout.hybrid.instances=hosts runs inside a room of emulated hosts: start it with "
                           "the rlboost command, which enters one")

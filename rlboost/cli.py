@@ -214,7 +214,7 @@ SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlboost.assembly import uses_hosts
+    from rlboost.assembly import check_hosts_config, uses_hosts
     from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.run_dir import run_folder
@@ -225,6 +225,7 @@ def _train(args: argparse.Namespace) -> int:
     config, base = base_config(config, overrides)
     cfg = load_config(RLBoostConfig, config, overrides)
     if uses_hosts(cfg):
+        check_hosts_config(cfg)  # before the room: its mistakes cost no second start
         _enter_room(args.argv)  # rollout.hybrid.instances=hosts: this command goes on inside a room of hosts
     console.print(base, markup=False, highlight=False, soft_wrap=True)
     # fixed now, so that a stop can name the folder to resume (a default name carries the start time)

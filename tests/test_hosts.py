@@ -92,3 +92,18 @@ def test_a_killed_room_leaves_no_process_behind(tmp_path):
     while left := [p for p in inside if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
         assert time.monotonic() < deadline, f"left behind: {[p.name() for p in left]}"
         time.sleep(0.1)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("cluster.ray_address=127.0.0.1:1", "instances=hosts emulates a cluster on this machine; it cannot join"),
+    ("cluster.hosts=[{kind: preemptible}]", "cluster.hosts: the first host must be reserved"),
+    ("cluster.hosts=[{kind: reserved, link: fast}]", "cluster.hosts[0].link='fast' is not a link rate"),
+])
+def test_a_bad_hosts_run_is_one_line_and_exit_2(tmp_path, override, message):
+    """Checked before the command enters a room, and again inside it, before Ray or a model loads."""
+    done = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", str(ROOT / "configs" / "hybrid_smoke.yaml"),
+                           "rollout.hybrid.instances=hosts", override, f"run.output_dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=patience(120))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stdout and "Traceback" not in done.stdout + done.stderr
