@@ -16,9 +16,9 @@ notice (`RolloutManager.notice`) is the only warning, as on a cloud.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
-import math
 import time
 from collections.abc import Callable, Iterable, Set
 
@@ -130,7 +130,7 @@ class RayClusterPool(Provider):
     out from the node table. The cap is forwarded to the autoscaler as resource demand.
 
     Preemption warnings come as Ray delivers them on a cloud: the autoscaler or KubeRay drains the
-    node (reason preemption, a deadline) when the provider warns of it. Every tick reads Ray's draining
+    node (reason preemption, a deadline) when the cloud warns of it. Every tick reads Ray's draining
     nodes (`rlboost.cluster.draining`) and gives each instance on one a preemption notice, once
     (`drain_notices`): the manager stops dispatching to it and takes its samples back, so the kill at
     the deadline wastes no token. A draining node gets no new worker (Ray would still place one)."""
