@@ -26,7 +26,7 @@ class HybridConfig:
     """Who decides which preemptible instances exist: `fixed` (keep num_preemptible, replacing killed
     ones at once), `trace` (follow the spot trace of `trace.*`), `ray_cluster` (the nodes of the Ray
     cluster at `cluster.ray_address` that carry a `preemptible` resource; more are asked of its
-    autoscaler)."""
+    autoscaler; a node Ray drains is a preemption notice)."""
     instances: str = "processes"
     """How a local run stands up preemptible instances: `processes` (worker processes of the local Ray
     node), `nodes` (one extra Ray node per instance, started on this machine, so a preemption can

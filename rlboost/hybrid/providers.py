@@ -10,16 +10,19 @@ notice (`RolloutManager.notice`) is the only warning, as on a cloud.
 - `TraceReplay`: instances follow a spot-availability trace (`rlboost.spot.TraceReplay` decides;
   this class acts), with optional advance notices.
 - `RayClusterPool`: the instances are the Ray nodes carrying the `preemptible` resource; one worker
-  per node, node loss is preemption, and more nodes are requested through Ray's autoscaler.
+  per node, node loss is preemption, a node Ray drains is a preemption notice, and more nodes are
+  requested through Ray's autoscaler.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Set
 
+from rlboost.cluster.draining import draining_nodes
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.handles import PREEMPTIBLE
 from rlboost.spot import TraceReplay
@@ -124,20 +127,30 @@ class TraceProvider(Provider):
 class RayClusterPool(Provider):
     """Instances are the cluster's nodes with the `preemptible` resource. A node that appears gets a
     worker (if the cap allows); a node that vanishes takes its worker with it, and the manager finds
-    out from the node table. The cap is forwarded to the autoscaler as resource demand."""
+    out from the node table. The cap is forwarded to the autoscaler as resource demand.
+
+    Preemption warnings come as Ray delivers them on a cloud: the autoscaler or KubeRay drains the
+    node (reason preemption, a deadline) when the cloud warns of it. Every tick reads Ray's draining
+    nodes (`rlboost.cluster.draining`) and gives each instance on one a preemption notice, once
+    (`drain_notices`): the manager stops dispatching to it and takes its samples back, so the kill at
+    the deadline wastes no token. A draining node gets no new worker (Ray would still place one)."""
 
     def __init__(self, fleet: Fleet):
         super().__init__(fleet)
         self.served: set[str] = set()
         self.requested: int | None = None
+        self.warned: set[str] = set()
+        """Instances given a notice for their node's drain."""
 
     def tick(self, now_s: float) -> None:
         import ray
 
+        draining = dict(draining_nodes())
+        self._warn(draining, now_s)
         nodes = [n for n in ray.nodes() if n["Alive"] and n.get("Resources", {}).get(PREEMPTIBLE, 0) > 0]
         self.served &= {n["NodeID"] for n in nodes}
         for node in nodes:
-            if node["NodeID"] in self.served:
+            if node["NodeID"] in self.served or node["NodeID"] in draining:
                 continue
             if self.cap is not None and len(self.served) >= self.cap:
                 break
@@ -148,6 +161,24 @@ class RayClusterPool(Provider):
 
             request_resources(bundles=[{PREEMPTIBLE: 1}] * self.cap)
             self.requested = self.cap
+
+    def _warn(self, draining: dict[str, float | None], now_s: float) -> None:
+        running = [(h.name, h.node_id) for h in self.running()]
+        self.warned &= {name for name, _ in running}
+        for name, seconds in drain_notices(draining, running, self.warned, time.time()):
+            self.fleet.manager.table.notice(name, seconds)
+            self.warned.add(name)
+            self.notices += 1
+            self.events.append((now_s, "notice", name))
+
+
+def drain_notices(draining: dict[str, float | None], instances: Iterable[tuple[str, str]], warned: Set[str],
+                  now_unix_s: float) -> list[tuple[str, float]]:
+    """The notices Ray's drains call for: (instance, seconds until its node's deadline; inf when the
+    drain named none) for each instance in `instances` ((name, node id)) on a node in `draining`
+    (node id -> deadline in Unix seconds or None) that is not in `warned` yet. Pure."""
+    return [(name, math.inf if draining[node] is None else max(0.0, draining[node] - now_unix_s))
+            for name, node in sorted(instances) if node in draining and name not in warned]
 
 
 def make_provider(cfg, fleet: Fleet, seed: int) -> Provider:
