@@ -51,6 +51,14 @@ def patience(seconds: float) -> float:
     return seconds * 2 * load_factor()
 
 
+def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Until `predicate()` holds, failing after `patience(timeout_s)`."""
+    deadline = time.monotonic() + patience(timeout_s)
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
 class Row:
     data_source, ground_truth, extra_info = "test", None, {}
 

@@ -201,6 +201,18 @@ class Host:
         subprocess.run(["nsenter", "-t", str(self.init_pid), "-p", "-m", "--", "kill", "-9", str(pid)],
                        capture_output=True)
 
+    def room_pid(self, pid: int) -> int:
+        """The room's PID of the host's process `pid` (as the host sees it); ProcessLookupError if none."""
+        for candidate in self.pids():
+            try:
+                with open(f"/proc/{candidate}/status") as f:
+                    nspid = next((line.split()[1:] for line in f if line.startswith("NSpid:")), [])
+            except OSError:
+                continue
+            if nspid and int(nspid[-1]) == pid:
+                return candidate
+        raise ProcessLookupError(f"host {self.name} has no process {pid}")
+
     def pids(self) -> list[int]:
         """The room's PIDs of every process of the host (its PID namespace's)."""
         try:
