@@ -219,7 +219,7 @@ def test_make_profiles_names_the_valid_models():
 
 
 @pytest.mark.parametrize("field, value", [("mem_efficiency", 0.0), ("train_mfu", 1.5), ("step_overhead_s", -1.0),
-                                          ("spot_gbps", 0.0), ("max_num_seqs", 0), ("tp", {"qwen3-8b": 0})])
+                                          ("reserved_gbps", 0.0), ("max_num_seqs", 0), ("tp", {"qwen3-8b": 0})])
 def test_config_is_validated(field, value):
     with pytest.raises(ValueError, match=field):
         make_profiles("qwen3-8b", replace(ProfileConfig(), **{field: value}))

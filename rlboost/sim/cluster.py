@@ -80,8 +80,9 @@ class ClusterRun:
         self.balancer = Balancer()
         self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
-        self.pull_s = train.weight_sync_s(engine.cfg.spot_gbps)
-        self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps)
+        # provisioning: an instance serves instance_startup_s + this after its launch
+        self.pull_s = train.weight_sync_s(cfg.link_gbps, cfg.wire_dtype)
+        self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype)
         self.engines_per_instance = cfg.gpus_per_instance // engine.tp
         # An instance too small for one engine of the model cannot serve it: none is rented.
         self.replay = (TraceReplay(trace, cfg.seed, cfg.notice_s, cfg.trace.max_instances)

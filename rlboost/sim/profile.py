@@ -67,9 +67,8 @@ class ProfileConfig:
     (max_num_seqs=256 on the reserved ones, --max-running-requests 256 on the instances). veRL's tp=2
     engines get 256 samples of a step each, so the cap does not bind for the baseline."""
     reserved_gbps: float = 200.0
-    """Weight-transfer bandwidth to or within the reserved cluster, Gbit/s (a 200 Gb/s NIC)."""
-    spot_gbps: float = 50.0
-    """Weight-transfer bandwidth to one spot instance, Gbit/s (cloud VM network of a 2-GPU instance)."""
+    """Weight-transfer bandwidth to or within the reserved cluster, Gbit/s (a 200 Gb/s NIC). The link
+    of a spot instance belongs to the cluster around the model: `SimConfig.link_gbps`."""
     tp: dict[str, int] = field(default_factory=_default_tp)
     """Tensor-parallel size of one rollout engine per model, for the reserved engines (veRL's too)
     and the instances alike. 8B: 2, the RLBoost artifact's (tensor_model_parallel_size=2 for veRL
@@ -95,7 +94,7 @@ class ProfileConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{_PREFIX}.{name} must be finite and >= 0, got {value}")
-        for name in ("reserved_gbps", "spot_gbps", "train_flops_factor"):
+        for name in ("reserved_gbps", "train_flops_factor"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{_PREFIX}.{name} must be finite and > 0, got {value}")
@@ -269,11 +268,12 @@ class TrainProfile:
         context = sum(s * (s - 1) / 2.0 for s in sequences) / tokens
         return self.train_s(tokens, gpus, context)
 
-    def weight_sync_s(self, gbps: float) -> float:
-        """Seconds to move the bf16 weights once over a `gbps` Gbit/s link (bandwidth floor, no latency)."""
+    def weight_sync_s(self, gbps: float, dtype: str = "bfloat16") -> float:
+        """Seconds to move the weights once, in `dtype` (specs.WIRE_DTYPES), over a `gbps` Gbit/s link:
+        bytes / bandwidth, the floor (no latency, no protocol overhead)."""
         if not gbps > 0:
             raise ValueError(f"weight_sync_s needs gbps > 0, got {gbps}")
-        return self.model.weight_bytes * 8.0 / (gbps * 1e9)
+        return self.model.weight_bytes_in(dtype) * 8.0 / (gbps * 1e9)
 
 
 def make_profiles(model: str, cfg: ProfileConfig | None = None,

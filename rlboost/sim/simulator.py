@@ -35,7 +35,7 @@ from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.records import StepRecord
 from rlboost.sim.baselines import colocated_step
 from rlboost.sim.profile import ProfileConfig, make_profiles
-from rlboost.sim.specs import MODELS
+from rlboost.sim.specs import MODELS, WIRE_DTYPES
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostConfig, CostMeter
 from rlboost.spot.trace import SEGMENTS, SpotTrace, TraceConfig, load_trace
@@ -93,6 +93,17 @@ class SimConfig:
     """From the launch of a spot instance to its engines' start, before its weight pull: VM boot,
     container start and engine initialisation (CUDA context, CUDA-graph capture). About a minute on
     the clouds' GPU VMs with a cached image; the instance is billed from its launch."""
+    link_gbps: float = 50.0
+    """Bandwidth of a spot instance's link, Gbit/s: its weight pull (at join, and of every new version
+    while it serves) takes the version's bytes (`wire_dtype`) / this, so an instance serves
+    instance_startup_s + bytes x 8 / (link_gbps x 1e9) after its launch. 50: the network of a 2-GPU
+    cloud VM (the pulls are peer to peer, so they never queue on one link)."""
+    wire_dtype: str = "bfloat16"
+    """The dtype a weight version moves in (rlboost.sim.specs.WIRE_DTYPES), for the instances' pulls
+    and the reserved engines' load alike: params x its bytes, as the weight store sizes a version.
+    bfloat16: what the paper's systems send (2 bytes per parameter). float32: what rlboost's own
+    trainer publishes today (its fp32 master parameters, 4 bytes; `weight_bytes_per_join` of
+    `rlboost bench cluster`). veRL's colocated sync stays bf16 (its own in-place resharding)."""
     stream_interval: int = 8
     """Tokens per streamed chunk: a hard preemption loses the unstreamed tokens of each in-flight
     sample, fewer than this many (bounded waste, DESIGN.md invariant 4)."""
@@ -154,6 +165,10 @@ class SimConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{_PREFIX}.{name} must be finite and >= 0, got {value}")
+        if not (math.isfinite(self.link_gbps) and self.link_gbps > 0):
+            raise ValueError(f"{_PREFIX}.link_gbps must be finite and > 0 (Gbit/s), got {self.link_gbps}")
+        if self.wire_dtype not in WIRE_DTYPES:
+            raise ValueError(f"{_PREFIX}.wire_dtype={self.wire_dtype!r}; valid: {', '.join(WIRE_DTYPES)}")
         if self.duration_s <= 0:
             raise ValueError(f"{_PREFIX}.duration_s must be > 0, got {self.duration_s}")
         self.trace.validate()

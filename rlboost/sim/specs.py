@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 BF16_BYTES = 2
+WIRE_DTYPES: dict[str, int] = {"bfloat16": BF16_BYTES, "float32": 4}
+"""Bytes per parameter of the dtypes a weight version can move in, by torch's name for them: the
+weight store (`rlboost.cluster.weights`) sizes a version as numel x element size of every parameter,
+so a join pulls params x these bytes."""
 
 
 @dataclass(frozen=True)
@@ -69,10 +73,17 @@ class ModelSpec:
         step reads from HBM and what 2 FLOPs per parameter per token apply to."""
         return float(self.vocab * self.hidden + self.layers * (self.attention_params + self.mlp_params))
 
+    def weight_bytes_in(self, dtype: str) -> float:
+        """All weights in `dtype` (a key of WIRE_DTYPES): what a weight transfer of that dtype moves,
+        every parameter once, as the weight store packs a version."""
+        if dtype not in WIRE_DTYPES:
+            raise ValueError(f"unknown weight dtype {dtype!r}; valid: {', '.join(WIRE_DTYPES)}")
+        return self.params * WIRE_DTYPES[dtype]
+
     @property
     def weight_bytes(self) -> float:
-        """All weights in bf16: what must fit in GPU memory and what a weight transfer moves."""
-        return self.params * BF16_BYTES
+        """All weights in bf16: what the serving engine holds in GPU memory."""
+        return self.weight_bytes_in("bfloat16")
 
     @property
     def matmul_weight_bytes(self) -> float:
@@ -106,4 +117,4 @@ MODELS: dict[str, ModelSpec] = {
 
 
 
-__all__ = ["BF16_BYTES", "H100", "MODELS", "GPUSpec", "ModelSpec"]
+__all__ = ["BF16_BYTES", "H100", "MODELS", "WIRE_DTYPES", "GPUSpec", "ModelSpec"]
