@@ -12,6 +12,8 @@ Contract:
   `nodes`: the head offers `reserved` only and each instance is a Ray node of its own on this machine
   (`start_node`), declared dead within about a second of vanishing, like a cloud's preemption. A
   joined cluster offers what its nodes carry.
+- `place_reserved_gpus(count)` places the run's reserved GPUs once; the fleet's reserved workers and
+  the trainer ranks find them in `reserved_gpus` and share them by time (`rlboost.cluster.placement`).
 - `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
   trainer ranks) end their actors and nodes first and never shut Ray down themselves.
 """
@@ -24,6 +26,7 @@ import ray
 
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.placement import ReservedGpus
 from rlboost.cluster.ray_setup import route_ray_messages, start_local_cluster, start_local_ray, start_node_process
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 
@@ -34,8 +37,10 @@ the cluster's view of a vanished node within about a second, like a cloud's pree
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, instances: str | None = None, num_cpus: int | None = None):
-        """`num_cpus`: the logical CPUs a local Ray offers (default: this machine's)."""
+    def __init__(self, cfg: ClusterConfig, instances: str | None = None, num_cpus: int | None = None,
+                 num_gpus: int | None = None):
+        """`num_cpus`: the logical CPUs a local Ray offers (default: this machine's). `num_gpus`: the GPUs
+        a local one-node Ray offers (default: the ones Ray finds; more are logical GPUs, for tests)."""
         if instances is not None and instances not in INSTANCE_KINDS:
             raise ValueError(f"instances={instances!r}; choose None or one of {', '.join(INSTANCE_KINDS)}")
         if ray.is_initialized():
@@ -43,6 +48,8 @@ class Cluster:
         self.cfg = cfg
         self.head = None
         """The local multi-node cluster (`ray.cluster_utils.Cluster`) when instances are nodes."""
+        self.reserved_gpus: ReservedGpus | None = None
+        """The reserved GPUs the reserved rollout workers and the trainer ranks share (`place_reserved_gpus`)."""
         cpus = num_cpus or os.cpu_count() or 1
         if cfg.ray_address:
             check_joinable(cfg)
@@ -52,7 +59,7 @@ class Cluster:
             self.head = start_local_cluster(cfg.ray, {RESERVED: MANY}, cpus, FAST_NODE_HEALTH)
         else:
             offered = {RESERVED: MANY} | ({PREEMPTIBLE: MANY} if instances == "processes" else {})
-            start_local_ray(cfg.ray, offered, cpus)
+            start_local_ray(cfg.ray, offered, cpus, num_gpus)
 
     @property
     def local_nodes(self) -> bool:
@@ -62,6 +69,13 @@ class Cluster:
     def resources(self) -> dict[str, float]:
         """What the whole cluster offers now (Ray's totals)."""
         return ray.cluster_resources()
+
+    def place_reserved_gpus(self, count: int) -> ReservedGpus:
+        """Place the run's `count` reserved GPUs once, for the reserved rollout workers and the trainer
+        ranks to share by time (`rlboost.cluster.placement`); Ray removes them with the run's job."""
+        if self.reserved_gpus is None:
+            self.reserved_gpus = ReservedGpus(count, self.resources())
+        return self.reserved_gpus
 
     def start_node(self, resources: dict[str, float]):
         """A new Ray node on this machine offering `resources`, as a process tree of its own: what a
