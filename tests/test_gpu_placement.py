@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import ray
 from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cli import main
 from rlboost.cluster.config import ClusterConfig
@@ -108,14 +109,17 @@ class VllmLikeDriver:
 
 
 def test_a_tensor_parallel_worker_gets_a_group_of_tp_gpus(cluster):
-    """Two preemptible tp=2 workers: two GPUs each, none shared; reserved tp=2 worker j: reserved GPUs
-    2j and 2j+1, the ones ranks 2j and 2j+1 see."""
+    """Two preemptible tp=2 workers, one pinned by its kind, one to a node: two GPUs each, none
+    shared; reserved tp=2 worker j: reserved GPUs 2j and 2j+1, the ones ranks 2j and 2j+1 see."""
     before = free_gpus()
     groups, actors = [], []
     reserved = ReservedGpus(4, ray.cluster_resources())
     try:
-        for _ in range(2):
-            options, group = worker_options(2, {"num_cpus": 0, "resources": {PREEMPTIBLE: 1}})
+        node = ray.get_runtime_context().get_node_id()
+        pinned = [{"resources": {PREEMPTIBLE: 1}},  # by its kind, or on a node (the ray_cluster provider)
+                  {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}]
+        for where, node_id in zip(pinned, [None, node]):
+            options, group = worker_options(2, {"num_cpus": 0} | where, node_id=node_id)
             groups.append(group)
             actors.append(VllmLikeDriver.options(**options).remote())
         seen = ray.get([a.engine_gpus.remote() for a in actors], timeout=patience(60))

@@ -37,13 +37,6 @@ NODE_ID_LABEL = "ray.io/node-id"
 """The label Ray gives every node: its id, for pinning a tensor-parallel instance's group to a node."""
 
 
-def _wait_placed(group: PlacementGroup, timeout_s: float, what: str) -> None:
-    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(group)
-        raise ValueError(f"{what}: Ray could not place {group.bundle_specs} within {timeout_s:g} s")
-
-
 class ReservedGpus:
     """The reserved GPUs that reserved rollout workers and trainer ranks share by time (module docstring)."""
 
@@ -53,7 +46,9 @@ class ReservedGpus:
         bundle = {"GPU": 1.0} | ({RESERVED: 1.0} if offered.get(RESERVED, 0) >= count else {})
         self.count = count
         self.group = placement_group([bundle] * count, strategy="PACK")
-        _wait_placed(self.group, timeout_s, f"{KEY}: {count} reserved GPUs")
+        if not ray.wait([self.group.ready()], timeout=timeout_s)[0]:
+            remove_placement_group(self.group)
+            raise ValueError(f"{KEY}: Ray could not place {count} reserved GPUs ({bundle} each) within {timeout_s:g} s")
 
     def options(self, first: int, gpus: int) -> dict:
         """Actor options for the one who uses bundles [first, first + gpus): a trainer rank (gpus=1) or
@@ -70,9 +65,9 @@ def _in_group(group: PlacementGroup, first: int, gpus: int, per_gpu: float) -> d
     strategy = PlacementGroupSchedulingStrategy(group, first, placement_group_capture_child_tasks=gpus > 1)
     if gpus == 1:
         return {"num_gpus": per_gpu, "scheduling_strategy": strategy}
-    indices = ",".join(str(i) for i in range(first, first + gpus))
-    return {"num_gpus": 0, "scheduling_strategy": strategy,
-            "runtime_env": {"env_vars": {"VLLM_RAY_BUNDLE_INDICES": indices, "VLLM_RAY_PER_WORKER_GPUS": str(per_gpu)}}}
+    vllm = {"VLLM_RAY_BUNDLE_INDICES": ",".join(str(i) for i in range(first, first + gpus)),
+            "VLLM_RAY_PER_WORKER_GPUS": str(per_gpu)}
+    return {"num_gpus": 0, "scheduling_strategy": strategy, "runtime_env": {"env_vars": vllm}}
 
 
 def worker_options(gpus: int, pinned: dict, reserved: ReservedGpus | None = None, slot: int = 0,
@@ -83,16 +78,16 @@ def worker_options(gpus: int, pinned: dict, reserved: ReservedGpus | None = None
     `reserved`: the worker is reserved worker number `slot` on the shared reserved GPUs."""
     if gpus == 0:
         return pinned, None
-    if reserved is not None:  # the bundles place it; a custom resource asked too would be the bundle's
-        return {k: v for k, v in pinned.items() if k not in ("resources", "scheduling_strategy")} | \
-            reserved.options(slot * gpus, gpus), None
+    # in a placement group the bundles place it: a custom resource asked too would be taken from them
+    rest = {k: v for k, v in pinned.items() if k not in ("resources", "scheduling_strategy")}
+    if reserved is not None:
+        return rest | reserved.options(slot * gpus, gpus), None
     if gpus == 1:
         return pinned | {"num_gpus": 1}, None
     bundles = [{"GPU": 1.0} for _ in range(gpus)]
     bundles[0] |= pinned.get("resources", {})
     labels = [{NODE_ID_LABEL: node_id}] * gpus if node_id is not None else None
     group = placement_group(bundles, strategy="STRICT_PACK", bundle_label_selector=labels)
-    rest = {k: v for k, v in pinned.items() if k not in ("resources", "scheduling_strategy")}
     return rest | _in_group(group, 0, gpus, 1.0), group
 
 
