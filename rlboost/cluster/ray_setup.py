@@ -75,12 +75,14 @@ def route_ray_messages() -> None:
     ray_worker.print_to_stdstream = to_log
 
 
-def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int) -> None:
+def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], num_cpus: int,
+                    num_gpus: int | None = None) -> None:
     """Start a one-node local Ray and connect this process to it, per `security`: token auth on,
-    servers on `bind_host`, dashboard off, only errors logged."""
+    servers on `bind_host`, dashboard off, only errors logged. `num_gpus`: the GPUs it offers (None:
+    the ones Ray finds; more than that are logical, for tests)."""
     _prepare(security)
     route_ray_messages()
-    ray.init(address="local", num_cpus=num_cpus, resources=dict(resources), include_dashboard=False,
+    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources), include_dashboard=False,
              dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR",
              log_to_driver=False, _system_config={"worker_niceness": security.worker_niceness})
     try:

@@ -33,6 +33,14 @@ class HybridConfig:
     remove a whole node) or `hosts` (one Ray node per instance on an emulated host of its own, behind a
     rate-limited link: `cluster.hosts`; the run re-executes itself inside a room of network namespaces,
     and a preemption vanishes the whole host)."""
+    gpus_per_worker: int = 0
+    """GPUs each rollout worker owns (Ray `num_gpus`; Ray shows the worker those alone, in its
+    CUDA_VISIBLE_DEVICES): 0 (Ray places no GPU for it: a CPU run, or on a one-machine GPU run the
+    workers share the GPUs the machine shows them, engine.device deciding, as before this field), or
+    exactly the GPUs its engine uses: 1, or engine.vllm_tensor_parallel_size with the vLLM backend (a
+    placement group of that many GPUs on one host). Reserved workers share the reserved GPUs with the
+    trainer ranks by time (`rlboost.cluster.placement`). A config asking for more GPUs than the hosts
+    have is refused before any worker starts."""
     seed_window_s: float = 2.0
     """T_seed: seconds at the start of a step during which the reserved workers generate too. The
     offload controller tunes it; 0 hands every sample to the preemptible workers at once."""
@@ -101,6 +109,12 @@ class HybridConfig:
                 raise ValueError(f"rollout.hybrid.{name} must be > 0, got {getattr(self, name)}")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("rollout.hybrid.heartbeat_timeout_s must exceed heartbeat_interval_s")
+        if not isinstance(self.gpus_per_worker, int) or self.gpus_per_worker < 0:
+            raise ValueError(f"rollout.hybrid.gpus_per_worker must be an integer >= 0, got {self.gpus_per_worker!r}")
+        if self.gpus_per_worker and self.instances == "nodes":
+            raise ValueError("rollout.hybrid.gpus_per_worker > 0 needs rollout.hybrid.instances=processes on one "
+                             "machine (the Ray nodes instances=nodes starts offer no GPUs) or a cluster at "
+                             "cluster.ray_address")
         if self.max_pending < 0:
             raise ValueError(f"rollout.hybrid.max_pending must be >= 0, got {self.max_pending}")
         if not 0 < self.plateau_tolerance <= 1:

@@ -1,7 +1,9 @@
 """The workers of a hybrid run on the run's cluster: reserved and preemptible instances, and real
 preemptions.
 
-Reserved workers are actors needing the `reserved` resource of the driver's node. A preemptible
+Reserved workers are actors needing the `reserved` resource of the driver's node. A worker owns the
+GPUs it uses (`rollout.hybrid.gpus_per_worker`, `rlboost.cluster.placement`): reserved ones share the
+reserved GPUs with the trainer ranks by time; a preemptible one has its own. A preemptible
 instance is a worker process of the same node (`instances=processes`), a Ray node of its own started
 on this machine (`instances=nodes`), or a Ray node on an emulated host of its own behind a link
 (`instances=hosts`) (`Cluster.start_node`). Preempting an instance is a hard kill: SIGKILL of its
@@ -24,14 +26,16 @@ import time
 from pathlib import Path
 
 import ray
+from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster import weights as weight_store
 from rlboost.cluster.manifest import WeightManifest
+from rlboost.cluster.placement import worker_options
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.resources import MANY
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.handles import PREEMPTIBLE, WorkerHandle, first_line
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
@@ -57,6 +61,10 @@ class Fleet:
         self.released: set[str] = set()
         self.lifetimes: dict[str, list[float]] = {}
         """Instance name -> [launch time, end time or inf]: what a cloud bills."""
+        self.groups: dict[str, PlacementGroup] = {}
+        """Worker name -> the placement group of its GPUs, when it has one of its own (tensor parallelism)."""
+        self._reserved_slots = 0
+        """Reserved workers placed so far: the next one covers the reserved GPUs after theirs."""
         self.manifest: WeightManifest | None = None
         self.boot_failures: list[str] = []
         self._stopping = False
@@ -95,6 +103,7 @@ class Fleet:
                 options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
             else:
                 options["resources"] = {kind: 1}
+            options = self._with_gpus(name, kind, options, node_id)
             if kind == PREEMPTIBLE:
                 self.lifetimes[name] = [launched, float("inf")]
             actor = WorkerActor.options(**options).remote(self._spec_for(name))
@@ -214,6 +223,9 @@ class Fleet:
     def _ended(self, name: str) -> None:
         if name in self.lifetimes:
             self.lifetimes[name][1] = min(self.lifetimes[name][1], time.monotonic())
+        group = self.groups.pop(name, None)
+        if group is not None:  # its GPUs go back for the next instance
+            remove_placement_group(group)
 
     def shutdown(self) -> None:
         self._stopping = True
@@ -222,6 +234,8 @@ class Fleet:
         for thread in boots:  # each gives up within a poll interval once it sees _stopping
             thread.join(timeout=30)
         self.manager.shutdown()
+        for name in list(self.groups):
+            self._ended(name)
         with self._node_lock:
             for node in self.nodes.values():
                 self.cluster.end_node(node)
@@ -249,6 +263,23 @@ class Fleet:
                     raise RuntimeError(f"the Ray node of {name} did not come up")
                 time.sleep(0.05)
         return node
+
+    def _with_gpus(self, name: str, kind: str, options: dict, node_id: str | None) -> dict:
+        """`options` plus the GPUs worker `name` owns (`rlboost.cluster.placement`): reserved worker j
+        its share of the reserved GPUs, placed once for it and the trainer ranks; a preemptible one
+        GPUs of its own, in a placement group of its own for tensor parallelism (removed when it ends)."""
+        gpus = self.cfg.gpus_per_worker
+        reserved = None
+        if kind == RESERVED and gpus:
+            reserved = self.cluster.reserved_gpus or self.cluster.place_reserved_gpus(self.cfg.num_reserved * gpus)
+            with self._lock:
+                slot, self._reserved_slots = self._reserved_slots, self._reserved_slots + 1
+        else:
+            slot = 0
+        options, group = worker_options(gpus, options, reserved, slot, node_id)
+        if group is not None:
+            self.groups[name] = group
+        return options
 
     def _spec_for(self, name: str) -> WorkerSpec:
         """The spec of worker `name`: the fleet's, with the run's reporting settings and its own ledger."""

@@ -5,7 +5,7 @@ heavier than this module and the engine's output types (`rlboost.engine.sequence
 process whose engine needs no torch never loads it.
 
 - `WorkerReport`: what a worker streams: the chunks of one or more engine steps and its load.
-- `WorkerInfo`: what a new worker says about itself (pid, node, capacity, weights it serves).
+- `WorkerInfo`: what a new worker says about itself (pid, node, GPUs, capacity, weights it serves).
 
 The weight manifests and pull results they exchange too are the cluster layer's
 (`rlboost.cluster.manifest`).
@@ -45,6 +45,8 @@ class WorkerInfo:
     """Architecture of the model it serves (`rlboost.engine.protocol.weights_fingerprint`)."""
     checksum: str
     """Checksum of the version it serves ("" before its first pull)."""
+    visible_gpus: str | None = None
+    """Its CUDA_VISIBLE_DEVICES, as Ray set it for the GPUs it owns (None: unset, it owns none)."""
 
 
 __all__ = ["WorkerInfo", "WorkerReport"]

@@ -3,8 +3,10 @@
 Contract (DESIGN.md 2.6):
 - `TrainerGroup` places N `TrainerRank` actors in one placement group (a GPU each on CUDA, a CPU
   each otherwise, plus one unit of the `reserved` resource when the cluster has it, so a rank never
-  lands on a preemptible instance), joins them with torch.distributed and has each load the model and
-  shard it (`trainer/sharding.py`). A world size the cluster cannot place is refused before any rank
+  lands on a preemptible instance); on CUDA, when the run's reserved GPUs are placed for rollout
+  workers that own GPUs (`Cluster.reserved_gpus`), rank i sits on reserved GPU i instead, taking turns
+  with the reserved worker there (`rlboost.cluster.placement`); joins them with torch.distributed and
+  has each load the model and shard it (`trainer/sharding.py`). A world size the cluster cannot place is refused before any rank
   starts, naming `trainer.world_size`.
 - `train_step(groups, num_groups)` has the meaning of `Trainer.train_step` and runs the same
   `BatchSchedule` (`trainer/schedule.py`) at world size N: groups are dealt to ranks as they arrive
@@ -89,7 +91,8 @@ class TrainerRank:
         ref = load_model(ref_model or model).model if config.kl_coef > 0 else None
         config = TrainerConfig(**{**vars(config), "device": str(device)})
         self.trainer = ShardedTrainer(policy, config, mesh=mesh, ref_model=ref, **kwargs)
-        return {"rank": self.rank, "pid": os.getpid(), "device": str(device)}
+        return {"rank": self.rank, "pid": os.getpid(), "device": str(device),
+                "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
     def script_fault(self, fault: str) -> int:
         """Set the scripted fault ("RANK:PASS"); returns the passes run so far."""
@@ -205,18 +208,29 @@ class TrainerGroup:
             device_type = "cpu" if config.device == "cpu" or (
                 config.device == "auto" and not offered.get("GPU")) else "cuda"
         check_world_size(config, device_type, offered)
-        bundle = placement_bundle(device_type, offered)
-        self.pg = placement_group([bundle] * self.world_size, strategy="PACK")
-        ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
-        if not ready:
-            remove_placement_group(self.pg)
-            raise ValueError(f"trainer.world_size={self.world_size}: Ray could not place {self.world_size} ranks "
-                             f"of {bundle} within {placement_timeout_s:g} s")
+        self.pg = None
+        """The ranks' own placement group (None: they sit on the reserved GPUs the rollout shares)."""
         actor = ray.remote(TrainerRank)
-        self.ranks = [actor.options(num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0),
-                                    resources={k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
-                                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, i)).remote(i, self.world_size)
-                      for i in range(self.world_size)]
+        shared = cluster.reserved_gpus if device_type == "cuda" else None
+        if shared is not None:  # rank i takes turns with the reserved rollout worker on reserved GPU i
+            if shared.count < self.world_size:
+                raise ValueError(f"trainer.world_size={self.world_size} needs {self.world_size} reserved GPUs but "
+                                 f"{shared.count} are placed for the run (rollout.hybrid.gpus_per_worker x "
+                                 "num_reserved)")
+            options = [{"num_cpus": 0} | shared.options(i, 1) for i in range(self.world_size)]
+        else:
+            bundle = placement_bundle(device_type, offered)
+            self.pg = placement_group([bundle] * self.world_size, strategy="PACK")
+            ready, _ = ray.wait([self.pg.ready()], timeout=placement_timeout_s)
+            if not ready:
+                remove_placement_group(self.pg)
+                raise ValueError(f"trainer.world_size={self.world_size}: Ray could not place {self.world_size} "
+                                 f"ranks of {bundle} within {placement_timeout_s:g} s")
+            options = [{"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0),
+                        "resources": {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")},
+                        "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, i)}
+                       for i in range(self.world_size)]
+        self.ranks = [actor.options(**options[i]).remote(i, self.world_size) for i in range(self.world_size)]
         try:
             host, port = ray.get(self.ranks[0].rendezvous.remote())
             kwargs = dict(temperature=temperature, max_response_length=max_response_length,
