@@ -1,4 +1,6 @@
-"""`rlboost bench cluster` end to end, small: the tiny model on one 100 Mbit/s spot host. The command
+"""`rlboost bench cluster` end to end, small (slow: 2-6 min; run with `make bench`; the behaviour it
+measures is tested in the ordinary suite by tests/in_room/room_vanish.py): the tiny model on one
+100 Mbit/s spot host. The command
 enters a room of emulated hosts itself; a vanished host must be found within the heartbeat timeout
 plus a margin, a crashed worker (its sockets reset) sooner, and no token may be lost."""
 
@@ -10,12 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hybrid_util import load_factor, patience
 
 ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_TIMEOUT_S = 3.0
 
 
+@pytest.mark.slow
 def test_bench_cluster_reports_links_joins_and_detection(tmp_path):
     out = tmp_path / "cluster.json"
     done = subprocess.run([sys.executable, "-m", "rlboost.cli", "bench", "cluster", "--models", "tiny:qwen2",
