@@ -200,6 +200,11 @@ def test_report_of_a_run_that_did_not_enforce_its_cap_says_what_the_controller_w
                                                   "then 0 after step 3; the run held 2–3 (instances at each "
                                                   "step's start)")
     assert (tmp_path / "report" / "spot.png").stat().st_size > 1000
+    for line in lines:
+        line["spot/instances"] = 3.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert summary_rows(write_report(tmp_path).read_text())["instance cap, not enforced"].endswith(
+        "; the run held 3 (instances at each step's start)")
 
 
 def test_report_of_a_colocated_run_plots_cost_only(tmp_path):

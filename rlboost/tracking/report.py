@@ -201,8 +201,10 @@ def advised_cap(rows: Rows) -> str:
     changes = [(step, cap) for i, (step, cap) in enumerate(zip(steps, caps)) if i == 0 or cap != caps[i - 1]]
     would = ", then ".join(f"{cap:g} after step {step}" for step, cap in changes)
     _, held = series(rows, INSTANCES)
-    did = f"; the run held {min(held):g}–{max(held):g} (instances at each step's start)" if held else ""
-    return f"the no-regret controller would have held {would}{did}"
+    if not held:
+        return f"the no-regret controller would have held {would}"
+    span = f"{min(held):g}" if min(held) == max(held) else f"{min(held):g}–{max(held):g}"
+    return f"the no-regret controller would have held {would}; the run held {span} (instances at each step's start)"
 
 
 def format_usd(value: float) -> str:
