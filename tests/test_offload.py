@@ -8,7 +8,11 @@ import math
 
 import pytest
 
+from rlboost.cli import SHOWCASE
+from rlboost.config import RLBoostConfig, load_config
 from rlboost.policies.offload import OffloadConfig, OffloadController, StepTimings
+from rlboost.policies.offload_loop import OffloadLoop, StepOutcome
+from rlboost.spot import SpotTrace, TraceReplay
 
 
 def timings(n=4, stable=True, wait_train=0.0, wait_remote=0.0, remote=30.0, train=20.0, tokens_per_s=math.nan):
@@ -270,3 +274,35 @@ def test_without_memory_nothing_is_stored_or_reused():
     with_memory.update(timings(n=4, wait_train=10.0))
     with_memory.update(timings(n=8, wait_remote=8.0))
     assert with_memory.seed_for(4) == pytest.approx(5.0)
+
+
+# --- the showcase: the cap advised, not enforced ---
+
+def showcase_loop(*overrides: str) -> OffloadLoop:
+    cfg = load_config(RLBoostConfig, SHOWCASE, overrides)
+    h = cfg.rollout.hybrid
+    return OffloadLoop(OffloadController(h.offload, h.seed_window_s, h.num_reserved,
+                                         reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
+                                         instance_usd_per_s=cfg.cost.instance_usd_per_s()))
+
+
+def one_machine_step(instances: int, tokens: int) -> StepOutcome:
+    """A steady 30 s step on one small machine: an instance shares the trainer's cores, so a step with
+    one makes fewer tokens than one without."""
+    return StepOutcome(instances_start=instances, instances_end=instances, preemptions=0, wall_s=30.0,
+                       train_s=10.0, wait_train_s=2.0, remote_s=15.0, wait_remote_s=1.0, samples=64,
+                       response_tokens=tokens, instance_s=30.0 * instances)
+
+
+@pytest.mark.parametrize("enforced", [False, True], ids=["showcase", "enforce_cap=true"])
+def test_with_the_showcases_settings_the_cap_gives_no_instance_back(enforced):
+    loop = showcase_loop(*(["rollout.hybrid.offload.enforce_cap=true"] if enforced else []))
+    caps = [loop.end(one_machine_step(1, 1500)) for _ in range(3)]  # judged after 3: explore without
+    caps += [loop.end(one_machine_step(0, 1800)) for _ in range(4)]  # colocated is measured to do better
+    assert loop.advised == 0  # the no-regret objective would hold none here, with either setting
+    replay = TraceReplay(SpotTrace(times_s=(0.0, 60.0), counts=(3, 3)), seed=0)
+    actions = replay.step(30.0, ["pree-0", "pree-1", "pree-2"], 0, caps[-1])
+    if enforced:
+        assert caps[-1] == 0 and actions.release == ["pree-0", "pree-1", "pree-2"]
+    else:  # the showcase: no cap reaches the provider, the trace's three instances stay
+        assert caps == [None] * 7 and actions.release == [] and replay.releases == 0

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from rlboost.spot import BUNDLED_TRACE, SEGMENTS, SpotTrace, TraceConfig, TraceReplay, load_trace
+from rlboost.spot import (BUNDLED_TRACE, SEGMENTS, ProgressClock, ReplayActions, SpotTrace, TraceConfig,
+                          TraceReplay, load_trace)
 
 
 def write(tmp_path, text: str):
@@ -345,3 +346,92 @@ def test_replay_over_a_compressed_segment_preempts_what_the_trace_loses():
         next_id += acts.start
         assert len(running) == trace.available_at(now)
     assert replay.preemptions == trace.stats()["instances_lost"]
+
+
+# --- the replay's clock tied to the run's progress ---------------------------------------------------
+
+TICK_S = 0.1  # the provider's tick
+STEP_TOKENS = 1600  # a showcase step: 64 samples of ~25 tokens
+RUN_TOKENS = 20 * STEP_TOKENS
+
+
+def play(tokens_per_wall_s: float, train_wall_s: float, progress: bool) -> list[tuple]:
+    """The showcase's replay (segment B, 10%, time_scale 20, 50 tokens per run second) on a simulated
+    machine that generates `tokens_per_wall_s` while a step generates, then trains `train_wall_s` with
+    no token generated, ticked like the provider; started instances are running by the next tick.
+    Returns (replay time, what, instance, tokens generated, phase) of every kill and start."""
+    replay = TraceReplay(load_trace(TraceConfig(segment="B", sample=0.1, time_scale=20.0)), seed=0)
+    clock = ProgressClock(50.0)
+    running: list[str] = []
+    events: list[tuple] = []
+    wall, generated = 0.0, 0
+
+    def tick(phase: str) -> None:
+        for t, actions in replay.advance(clock() if progress else wall, running, 0, None):
+            for name in actions.kill:
+                running.remove(name)
+                events.append((round(t, 6), "kill", name, generated, phase))
+            for _ in range(actions.start):
+                running.append(f"pree-{len(events)}")
+                events.append((round(t, 6), "start", running[-1], generated, phase))
+
+    tick("starting")  # the provider's first tick, before the run generates: the trace's first instances
+    for _ in range(RUN_TOKENS // STEP_TOKENS):
+        step = {"tokens": 0}
+        clock.begin(lambda step=step: step["tokens"])
+        train_left = train_wall_s
+        while train_left > 0:
+            wall += TICK_S
+            if step["tokens"] < STEP_TOKENS:
+                made = min(round(tokens_per_wall_s * TICK_S), STEP_TOKENS - step["tokens"])
+                step["tokens"] += made
+                generated += made
+                phase = "generating"
+            else:
+                train_left -= TICK_S
+                phase = "training"
+            assert clock.tokens() == generated
+            tick(phase)
+    return events
+
+
+def test_a_replay_on_progress_meets_the_same_events_at_the_same_tokens_on_a_slow_and_a_fast_machine():
+    slow, fast = play(50, train_wall_s=20.0, progress=True), play(5000, train_wall_s=0.5, progress=True)
+    assert [e[:3] for e in slow] == [e[:3] for e in fast]  # the same kills and starts of the same instances
+    assert sum(e[1] == "kill" for e in slow) == 4  # segment B's four drops, all played...
+    assert [e[0] for e in slow[:3]] == [0.0] * 3  # (its first instances before the run generates)
+    for events, tokens_per_tick in ((slow, 50 * TICK_S), (fast, 5000 * TICK_S)):
+        for t, _, _, generated, phase in events[3:]:
+            # ...each at its token of the run (within the tick that crossed it) while the run generates
+            assert 0 <= generated - t * 50.0 <= tokens_per_tick, (t, generated)
+            assert phase == "generating"
+    # On wall time the same fast machine has finished before the trace's first drop: no preemption.
+    assert sum(e[1] == "kill" for e in play(5000, 0.5, progress=False)) == 0
+    assert sum(e[1] == "kill" for e in play(50, 20.0, progress=False)) == 4
+
+
+def test_advance_plays_every_change_a_coarse_tick_jumps_over():
+    trace = SpotTrace(times_s=(0.0, 10.0, 11.0, 20.0), counts=(2, 1, 2, 2))
+    jumped = TraceReplay(trace, seed=0)
+    jumped.step(0.0, ["a", "b"], 0, None)
+    assert jumped.step(15.0, ["a", "b"], 0, None) == ReplayActions()  # step alone sees 2 then 2: nothing
+    replay = TraceReplay(trace, seed=0)
+    replay.advance(0.0, ["a", "b"], 0, None)
+    played = replay.advance(15.0, ["a", "b"], 0, None)
+    assert [(t, len(a.kill), a.start) for t, a in played] == [(10.0, 1, 0), (11.0, 0, 1), (15.0, 0, 0)]
+    assert replay.preemptions == 1
+
+
+def test_a_progress_clock_adds_up_the_steps_and_never_goes_back():
+    clock = ProgressClock(tokens_per_s=10.0)
+    assert clock() == 0.0
+    first = [0]
+    clock.begin(lambda: first[0])
+    first[0] = 30
+    assert clock() == 3.0
+    clock.begin(lambda: 5)  # the first step's 30 are folded in
+    assert (clock.tokens(), clock()) == (35, 3.5)
+    with pytest.raises(ValueError, match="tokens_per_s"):
+        ProgressClock(0.0)
+    with pytest.raises(ValueError, match="rollout.hybrid.trace.tokens_per_s"):
+        TraceConfig(tokens_per_s=-1.0).validate()

@@ -192,3 +192,6 @@ def test_the_metrics_are_read_from_the_report_alone():
     assert m["timing_s/gen"] == 7.0 and m["timing_s/update_actor"] == 4.0 and m["timing_s/wait_train"] == 1.0
     assert "spot/cap" not in step_metrics(report, outcome(), seed_window_s=2.0, cap=None, preemption_rate=0.0,
                                           weight_bytes=0, reserved_tokens_per_s=0.0)
+    advised = step_metrics(report, outcome(), seed_window_s=2.0, cap=None, preemption_rate=0.0, weight_bytes=0,
+                           reserved_tokens_per_s=0.0, advised_cap=0)  # a cap not enforced (the showcase)
+    assert advised["spot/cap_advised"] == 0.0 and "spot/cap" not in advised and "spot/cap_advised" not in m

@@ -186,6 +186,25 @@ def test_report_of_a_hybrid_run_plots_offload_and_cost(tmp_path):
     assert rows["mean provisioning time"] == "30 s (over 2 steps)"
     assert rows["total cost"] == "$3.00"  # the last step's cumulative cost, not a sum
     assert rows["tokens per $"] == "42,500 tokens/$ · colocated (estimated) 35,000 tokens/$ (×1.21)"
+    assert "instance cap, not enforced" not in rows  # this run's cap was enforced
+
+
+def test_report_of_a_run_that_did_not_enforce_its_cap_says_what_the_controller_would_have_held(tmp_path):
+    lines = hybrid_lines()
+    for line, advised in zip(lines, (2.0, 2.0, 0.0, 0.0)):  # the showcase: the cap advised, not enforced
+        line.pop("spot/cap", None)
+        line["spot/cap_advised"] = advised
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    rows = summary_rows(write_report(tmp_path).read_text())
+    assert rows["instance cap, not enforced"] == ("the no-regret controller would have held 2 after step 1, "
+                                                  "then 0 after step 3; the run held 2–3 (instances at each "
+                                                  "step's start)")
+    assert (tmp_path / "report" / "spot.png").stat().st_size > 1000
+    for line in lines:
+        line["spot/instances"] = 3.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert summary_rows(write_report(tmp_path).read_text())["instance cap, not enforced"].endswith(
+        "; the run held 3 (instances at each step's start)")
 
 
 def test_report_of_a_colocated_run_plots_cost_only(tmp_path):

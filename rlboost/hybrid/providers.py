@@ -8,7 +8,8 @@ notice (`RolloutManager.notice`) is the only warning, as on a cloud.
 - `FixedPool`: keep `num_preemptible` instances, replacing killed ones at once; optional seeded
   Poisson chaos kills (tests, demos).
 - `TraceReplay`: instances follow a spot-availability trace (`rlboost.spot.TraceReplay` decides;
-  this class acts), with optional advance notices.
+  this class acts), with optional advance notices, on wall time or on the run's progress
+  (`trace.tokens_per_s`: a `ProgressClock` as its clock).
 - `RayClusterPool`: the instances are the Ray nodes carrying the `preemptible` resource; one worker
   per node, node loss is preemption, a node Ray drains is a preemption notice, and more nodes are
   requested through Ray's autoscaler.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable, Set
 from rlboost.cluster.draining import draining_nodes
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.handles import PREEMPTIBLE
-from rlboost.spot import TraceReplay
+from rlboost.spot import ProgressClock, TraceReplay
 
 TICK_S = 0.1
 
@@ -106,21 +107,23 @@ class TraceProvider(Provider):
 
     def tick(self, now_s: float) -> None:
         running = {h.name: h for h in self.running()}
-        actions = self.replay.step(now_s, sorted(running), self.fleet.starting, self.cap)
-        for name, kill_at in actions.notify:
-            self.fleet.manager.table.notice(name, max(0.0, kill_at - now_s))
-            self.notices += 1
-            self.events.append((now_s, "notice", name))
-        for name in actions.kill:
-            if name in running:
-                self.fleet.preempt(running[name], by="the trace")
-                self.kills.append(name)
-                self.events.append((now_s, "kill", name))
-        for name in actions.release:
-            if name in running:
-                self.fleet.release(running[name])
-                self.events.append((now_s, "release", name))
-        self.fleet.launch(actions.start)
+        # every change of the trace since the last tick, in order: a clock tied to progress may jump
+        # over several of them on a fast machine
+        for _, actions in self.replay.advance(now_s, sorted(running), self.fleet.starting, self.cap):
+            for name, kill_at in actions.notify:
+                self.fleet.manager.table.notice(name, max(0.0, kill_at - now_s))
+                self.notices += 1
+                self.events.append((now_s, "notice", name))
+            for name in actions.kill:
+                if name in running:
+                    self.fleet.preempt(running[name], by="the trace")
+                    self.kills.append(name)
+                    self.events.append((now_s, "kill", name))
+            for name in actions.release:
+                if name in running:
+                    self.fleet.release(running[name])
+                    self.events.append((now_s, "release", name))
+            self.fleet.launch(actions.start)
 
 
 
@@ -181,10 +184,14 @@ def drain_notices(draining: dict[str, float | None], instances: Iterable[tuple[s
             for name, node in sorted(instances) if node in draining and name not in warned]
 
 
-def make_provider(cfg, fleet: Fleet, seed: int) -> Provider:
-    """The provider of `rollout.hybrid.provider`."""
+def make_provider(cfg, fleet: Fleet, seed: int, progress: ProgressClock | None = None) -> Provider:
+    """The provider of `rollout.hybrid.provider`. `progress`: the run's, which a `trace` provider
+    with `trace.tokens_per_s` > 0 replays on (None there: an error)."""
     if cfg.provider == "trace":
-        return TraceProvider(fleet, TraceReplay.from_config(cfg.trace))
+        if cfg.trace.tokens_per_s > 0 and progress is None:
+            raise ValueError("rollout.hybrid.trace.tokens_per_s > 0 needs the run's progress clock")
+        clock = progress if cfg.trace.tokens_per_s > 0 else time.monotonic
+        return TraceProvider(fleet, TraceReplay.from_config(cfg.trace), clock=clock)
     if cfg.provider == "ray_cluster":
         return RayClusterPool(fleet)
     return FixedPool(fleet, cfg.num_preemptible, cfg.preempt_every_s, seed, cfg.respawn)

@@ -32,6 +32,7 @@ from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop, StepOutcome
 from rlboost.rollout.sample import Group, RolloutProgress
 from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_lengths
+from rlboost.spot import ProgressClock
 
 
 class HybridRollout:
@@ -59,7 +60,9 @@ class HybridRollout:
         self.loop = OffloadLoop(OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved,
                                                   reserved_usd_per_s=reserved_usd_per_s,
                                                   instance_usd_per_s=instance_usd_per_s))
-        self.provider = make_provider(cfg, self.fleet, seed).start()
+        # the trace replay's clock when it is tied to the run's progress (trace.tokens_per_s)
+        self.progress = ProgressClock(cfg.trace.tokens_per_s) if cfg.trace.tokens_per_s > 0 else None
+        self.provider = make_provider(cfg, self.fleet, seed, self.progress).start()
         self.run: StepRun | None = None
         self.last_pulls = PullStats()
         """What the weight pulls did during the last finished step (provisioning times, failures, refusals)."""
@@ -87,6 +90,8 @@ class HybridRollout:
         # an evaluation has no seeding window: every worker generates to the end
         self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
                                            history, plan and plan.outlook)
+        if self.progress is not None:
+            self.progress.begin(self.run.tokens)
         return self._released(self.run)
 
     @staticmethod
@@ -125,7 +130,8 @@ class HybridRollout:
             measured=report.stats.offload_measurements())
         cap = self.loop.end(outcome)
         self.provider.set_cap(cap)
-        metrics = step_metrics(report, outcome, seed_window_s=self.seed_window_s, cap=cap,
+        advised = None if self.cfg.offload.enforce_cap else self.loop.advised
+        metrics = step_metrics(report, outcome, seed_window_s=self.seed_window_s, cap=cap, advised_cap=advised,
                                preemption_rate=self.loop.controller.preemption_rate(),
                                weight_bytes=self.fleet.manifest.nbytes,
                                reserved_tokens_per_s=self._reserved_decode_rate())

@@ -48,12 +48,15 @@ class StepReport:
 
 
 def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: float, cap: int | None,
-                 preemption_rate: float, weight_bytes: int, reserved_tokens_per_s: float) -> dict[str, float]:
-    """A training step's metrics (veRL's timing_s/* names, plus spot/*, migration/*, weights/*, rollout/*)."""
+                 preemption_rate: float, weight_bytes: int, reserved_tokens_per_s: float,
+                 advised_cap: int | None = None) -> dict[str, float]:
+    """A training step's metrics (veRL's timing_s/* names, plus spot/*, migration/*, weights/*, rollout/*).
+    `cap`: the cap the provider holds to; `advised_cap`: the controller's when it is not enforced."""
     stats, pulls = report.stats, report.pulls
     tokens = sum(stats.tokens_by_kind.values()) or 1
     pulled = [seconds for _, seconds, _ in pulls.pulls]
-    return ({"spot/cap": float(cap)} if cap is not None else {}) | {
+    caps = {"spot/cap": cap, "spot/cap_advised": advised_cap}
+    return {name: float(value) for name, value in caps.items() if value is not None} | {
         "spot/instances": float(outcome.instances_start),
         "spot/instances_end": float(outcome.instances_end),
         "spot/preemptions": float(outcome.preemptions),

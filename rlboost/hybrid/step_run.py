@@ -127,15 +127,18 @@ class StepRun:
             remote_s=remote_s, wait_remote_s=wait_remote_s, loop_cpu_s=self.loop_cpu_s, reports=self.reports,
             pulls=self.pulls.take_stats(), deaths_between_steps=tuple(self.table.between_steps.take()))
 
+    def tokens(self) -> int:
+        """Response tokens generated so far in the step, by every worker (never decreases); from any thread."""
+        return sum(list(self.state.stats.tokens_by_kind.values()))
+
     def live(self, training: bool, instances: tuple[int, int, int]) -> RolloutProgress:
         """The step now, read from another thread (counters and snapshots only). `instances`: (serving,
         pulling, booting)."""
         state = self.state
         phase = "done" if state.done else "generating" if not training else \
             "seeding" if state.seeding else "offloaded"
-        return RolloutProgress(phase, state.num_finished, len(state.tracked),
-                               sum(list(state.stats.tokens_by_kind.values())), time.monotonic() - self.t0,
-                               state.stats.wasted_tokens, instances)
+        return RolloutProgress(phase, state.num_finished, len(state.tracked), self.tokens(),
+                               time.monotonic() - self.t0, state.stats.wasted_tokens, instances)
 
     def groups(self) -> Iterator[Group]:
         """Finished groups in completion order, released once the reserved resources are free to

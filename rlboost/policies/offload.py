@@ -57,6 +57,11 @@ class OffloadConfig:
     boot and weight pull would be billed for little or no rollout. Retried after `retry_steps`."""
     retry_steps: int = 10
     """Steps after which a cap set by the market's risk or by the objective is lifted, to measure again."""
+    enforce_cap: bool = True
+    """False: the cap is computed and reported (`spot/cap_advised`, and the report's summary) but the
+    provider is not held to it and keeps every instance its market offers. For a demonstration: on
+    one machine the instances share the trainer's cores, so the objective would give them back, and
+    a run that exists to show preemption, migration and joins would show none of them."""
 
     def validate(self) -> None:
         if not (self.eta > 0 and math.isfinite(self.eta)):

@@ -4,7 +4,7 @@ Contract: `begin(instances)` opens a training step with the n instances held at 
 returns its `StepPlan` (T_seed and the no-regret outlook); `end(outcome)` closes it with what the
 shell measured (`StepOutcome`), builds the controller's `StepTimings` (here and nowhere else),
 updates the controller and returns the instance cap the provider may hold for the next step (None:
-no cap). Between the two the shell runs the step (`rlboost.rollout.step_state.StepState`). Pure: no
+no cap, also when `offload.enforce_cap` is false: then the controller's cap is only `advised`). Between the two the shell runs the step (`rlboost.rollout.step_state.StepState`). Pure: no
 clock, no Ray, no torch; both shells measure in their own seconds (monotonic or simulated).
 """
 
@@ -79,6 +79,8 @@ class OffloadLoop:
         self.controller = controller
         self.cap: int | None = None
         """The cap set after the last step (None: none yet, or no cap)."""
+        self.advised: int | None = None
+        """The controller's cap after the last step, enforced or not (None: none yet, or no cap)."""
 
     def begin(self, instances: int) -> StepPlan:
         """A training step starts with `instances` instances held or booting."""
@@ -87,7 +89,8 @@ class OffloadLoop:
     def end(self, outcome: StepOutcome) -> int | None:
         """The step's training ended: learn from it; returns the cap on instances for the next step."""
         self.controller.update(step_timings(outcome))
-        self.cap = self.controller.instance_cap()
+        self.advised = self.controller.instance_cap()
+        self.cap = self.advised if self.controller.cfg.enforce_cap else None
         return self.cap
 
 

@@ -1,10 +1,11 @@
 """Preemptible (spot) instances, without a runtime: availability traces, their replay, and cost.
 
-Pure code (no Ray, no torch, no clock, no global randomness), so the real instance provider and a
+Pure code (no Ray, no torch, no wall clock, no global randomness), so the real instance provider and a
 simulator drive the same objects.
 """
 
 from rlboost.spot.cost import CostConfig, CostMeter
+from rlboost.spot.replay_clock import ProgressClock
 from rlboost.spot.trace import (
     BUNDLED_TRACE,
     SEGMENTS,
@@ -20,6 +21,7 @@ __all__ = [
     "SEGMENTS",
     "CostConfig",
     "CostMeter",
+    "ProgressClock",
     "ReplayActions",
     "SpotTrace",
     "TraceConfig",

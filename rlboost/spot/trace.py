@@ -7,7 +7,9 @@ as a change, so a drop on the last row is a preemption event, but it has no dura
 
 `load_trace` turns a `TraceConfig` into the trace a run replays: file -> window -> sample -> compress.
 `TraceReplay` decides, from that trace and the instances the runtime reports, what to start, warn,
-kill and give back. Everything here is pure: no clock (the caller passes `now_s`), no global
+kill and give back; `advance` steps it at every change a clock that jumps has passed over, so a
+replay meets the same events however coarsely it is ticked. Everything here is pure: no clock (the
+caller passes `now_s`: wall seconds, or the run's progress, `rlboost.spot.replay_clock`), no global
 randomness (victims come from the replay's own seeded `random.Random`), no Ray, no torch; the real
 provider (`rlboost.hybrid.providers.TraceProvider`) and a simulator drive the same objects.
 """
@@ -229,6 +231,14 @@ class TraceConfig:
     """Fraction of the trace's instances to keep, floor(n * sample) per row; the paper keeps 0.5."""
     time_scale: float = 60.0
     """Trace seconds per run second: 60 replays a 2-hour window in 2 minutes; 1 replays in real time."""
+    tokens_per_s: float = 0.0
+    """The replay's clock. 0: wall time, run seconds since the provider started, so where in the run
+    an event lands depends on how fast the machine is. > 0: the run's progress: the replay's run
+    second is this many response tokens generated (by every worker, evaluations included;
+    `rlboost.spot.replay_clock.ProgressClock`), so a fast machine and a slow one meet each preemption
+    and each join at the same token of the run, and always while the run generates (mid-step), never
+    while it only trains. `notice_s` then counts these seconds too, and the manager is given the
+    warning's length as wall seconds."""
     seed: int = 0
     """Seeds the choice of which running instances a decrease preempts."""
     notice_s: float = 0.0
@@ -242,7 +252,7 @@ class TraceConfig:
         if self.segment and self.segment not in SEGMENTS:
             raise ValueError(f"rollout.hybrid.trace.segment={self.segment!r}; choose one of "
                              f"{', '.join(SEGMENTS)} or leave empty")
-        for name in ("start_h", "end_h", "notice_s"):
+        for name in ("start_h", "end_h", "notice_s", "tokens_per_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"rollout.hybrid.trace.{name} must be >= 0, got {value}")
@@ -331,6 +341,7 @@ class TraceReplay:
         self._doomed: dict[str, float] = {}  # name -> announced kill time
         self._gone: set[str] = set()  # killed or released, possibly still listed by the runtime
         self._last_now: float | None = None
+        self._decision_times = self.decision_times()
 
     @classmethod
     def from_config(cls, cfg: TraceConfig) -> TraceReplay:
@@ -351,6 +362,23 @@ class TraceReplay:
         every change of the trace and `notice_s` before it (positive times, sorted)."""
         times = {when for t in self.trace.times_s for when in (t, t - self.notice_s) if when > 0}
         return sorted(times)
+
+    def advance(self, now_s: float, running: list[str], starting: int,
+                cap: int | None) -> list[tuple[float, ReplayActions]]:
+        """`step` at every decision time passed since the last call (in order), then at `now_s`:
+        (time, actions) of each. A clock that jumps over several changes of the trace between two
+        calls (a fast machine's progress, a busy driver's late tick) still plays each of them, as a
+        slow one ticked finely would: a drop and the rise after it are a kill and a start, not
+        nothing. Instances started by an earlier sub-step count as starting in the later ones."""
+        after = self._last_now if self._last_now is not None else 0.0
+        lo = bisect.bisect_right(self._decision_times, after)
+        hi = bisect.bisect_left(self._decision_times, now_s)
+        played = []
+        for t in [*self._decision_times[lo:hi], now_s]:
+            actions = self.step(t, running, starting, cap)
+            starting += actions.start
+            played.append((t, actions))
+        return played
 
     def step(self, now_s: float, running: list[str], starting: int, cap: int | None) -> ReplayActions:
         if self._last_now is not None and now_s < self._last_now:

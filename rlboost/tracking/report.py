@@ -36,6 +36,7 @@ STEP_TIME = "timing_s/step"
 INSTANCES = "spot/instances"
 INSTANCES_END = "spot/instances_end"
 CAP = "spot/cap"
+CAP_ADVISED = "spot/cap_advised"
 PREEMPTIONS = "spot/preemptions"
 JOINS = "spot/joins"
 MIGRATED = "migration/samples"
@@ -167,6 +168,9 @@ def summary(rows: Rows) -> list[tuple[str, str]]:
         _, values = series(rows, name)
         if values:
             table.append((label, format_number(sum(values))))
+    advised = advised_cap(rows)
+    if advised:
+        table.append(("instance cap, not enforced", advised))
     for label, name in (("mean weight pull time", PULL), ("mean provisioning time", PROVISION)):
         _, values = series(rows, name)
         if values:  # steps without a pull (or a join) log 0; they are not pulls that took no time
@@ -186,6 +190,21 @@ def summary(rows: Rows) -> list[tuple[str, str]]:
             parts.append(f"colocated (estimated) {format_number(mean_estimate)} tokens/${ratio}")
         table.append(("tokens per $", " · ".join(parts)))
     return table
+
+
+def advised_cap(rows: Rows) -> str:
+    """What the offload controller would have held in a run that did not enforce its cap
+    (`offload.enforce_cap=false`, the showcase), beside what the run held; empty for other runs."""
+    steps, caps = series(rows, CAP_ADVISED)
+    if not caps:
+        return ""
+    changes = [(step, cap) for i, (step, cap) in enumerate(zip(steps, caps)) if i == 0 or cap != caps[i - 1]]
+    would = ", then ".join(f"{cap:g} after step {step}" for step, cap in changes)
+    _, held = series(rows, INSTANCES)
+    if not held:
+        return f"the no-regret controller would have held {would}"
+    span = f"{min(held):g}" if min(held) == max(held) else f"{min(held):g}–{max(held):g}"
+    return f"the no-regret controller would have held {would}; the run held {span} (instances at each step's start)"
 
 
 def format_usd(value: float) -> str:
@@ -317,7 +336,7 @@ def plot_time_breakdown(rows: Rows) -> Figure | None:
 
 def plot_spot(rows: Rows) -> Figure | None:
     """Hybrid runs: preemptible instances at each step's start, and at its end (thin), under the
-    controller's cap (dashed); steps with preemptions marked (with their count); the samples that
+    controller's cap (dashed; dotted where it was only advised); steps with preemptions marked (with their count); the samples that
     migrated as bars on a second axis, with the tokens wasted by preemptions written over them."""
     steps, instances = series(rows, INSTANCES)
     if not steps:
@@ -334,6 +353,10 @@ def plot_spot(rows: Rows) -> Figure | None:
     cap_steps, caps = series(rows, CAP)
     if caps:
         ax.step(cap_steps, caps, where="mid", color="tab:gray", linestyle="--", linewidth=1.2, label=CAP)
+    advised_steps, advised = series(rows, CAP_ADVISED)
+    if advised:
+        ax.step(advised_steps, advised, where="mid", color="tab:gray", linestyle=":", linewidth=1.2,
+                label=f"{CAP_ADVISED} (not enforced)")
     hit = [(step, rows[step][PREEMPTIONS]) for step in steps if rows[step].get(PREEMPTIONS, 0) > 0]
     if hit:
         ax.scatter([s for s, _ in hit], [rows[s][INSTANCES] for s, _ in hit], marker="x", color="tab:red",
@@ -341,7 +364,7 @@ def plot_spot(rows: Rows) -> Figure | None:
         for step, count in hit:
             ax.annotate(f"{count:g}", (step, rows[step][INSTANCES]), textcoords="offset points", xytext=(4, 6),
                         color="tab:red", fontsize="small")
-    ax.set_ylim(bottom=0, top=max(instances + ends + caps) + 1)
+    ax.set_ylim(bottom=0, top=max(instances + ends + caps + advised) + 1)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     migrated_steps, migrated = series(rows, MIGRATED)
     wasted_steps, wasted = series(rows, WASTED)
