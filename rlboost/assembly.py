@@ -22,10 +22,10 @@ from omegaconf import OmegaConf
 
 from rlboost.checkpoint import latest_checkpoint, load_checkpoint
 from rlboost.cluster.gpus import KEY as GPU_KEY
-from rlboost.cluster.gpus import GpuDemand, engine_gpus
+from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
-from rlboost.engine.factory import make_engine
+from rlboost.engine.factory import engine_gpus, make_engine
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import load_model
 from rlboost.policies.histopipe import HistoPipe
@@ -371,9 +371,8 @@ def check_rollout_gpus(cfg: RLBoostConfig) -> None:
     h, e = cfg.rollout.hybrid, cfg.engine
     if cfg.rollout.mode != "hybrid":
         return
-    g, engine = h.gpus_per_worker, engine_gpus(e.backend, e.vllm_tensor_parallel_size)
+    g, (engine, spans) = h.gpus_per_worker, engine_gpus(e)
     if g not in (0, engine) or (g == 0 and engine > 1):
-        spans = "engine.vllm_tensor_parallel_size" if e.backend == "vllm" else "rlboost's engine"
         raise ConfigError(f"{GPU_KEY}={g}: a rollout worker owns 0 GPUs (a CPU run) or exactly the {engine} its "
                           f"engine uses ({spans})")
     index = e.device.partition(":")[2]

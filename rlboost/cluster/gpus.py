@@ -3,7 +3,7 @@ Ray for, checked against what the hosts have before any worker starts.
 
 Contract:
 - A rollout worker owns 0 GPUs (a CPU run) or exactly the GPUs its engine uses: 1, or the vLLM
-  backend's tensor-parallel size, all on one host (`engine_gpus`).
+  backend's tensor-parallel size, all on one host (`rlboost.engine.factory.engine_gpus`).
 - The reserved GPUs are shared by time: reserved worker j covers reserved GPUs [j*g, (j+1)*g), trainer
   rank i trains on reserved GPU i, so the reserved side needs max(num_reserved x g, ranks on GPU)
   GPUs, not their sum (`GpuDemand.reserved`). Each preemptible instance needs g GPUs of its own.
@@ -19,11 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KEY = "rollout.hybrid.gpus_per_worker"
-
-
-def engine_gpus(backend: str, tensor_parallel_size: int) -> int:
-    """GPUs one engine instance spans: vLLM's tensor-parallel size, 1 for rlboost's engine."""
-    return tensor_parallel_size if backend == "vllm" else 1
 
 
 @dataclass(frozen=True)
@@ -61,4 +56,4 @@ class GpuDemand:
         return None
 
 
-__all__ = ["GpuDemand", "KEY", "engine_gpus"]
+__all__ = ["GpuDemand", "KEY"]

@@ -29,6 +29,14 @@ CHECKPOINT: Final = "checkpoint"
 """`make_engine(weights=CHECKPOINT)`: serve the weights `model.path` holds."""
 
 
+def engine_gpus(engine: EngineConfig) -> tuple[int, str]:
+    """GPUs one engine of `engine.backend` spans, and the key that sets it: vLLM's tensor-parallel
+    size, or 1 for rlboost's engine (a rollout worker owns exactly these, or none)."""
+    if engine.backend == "vllm":
+        return engine.vllm_tensor_parallel_size, "engine.vllm_tensor_parallel_size"
+    return 1, "rlboost's engine"
+
+
 def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterable[int] = (), *,
                 weights: Mapping[str, object] | Literal["checkpoint"] | None = CHECKPOINT, version: int = 0,
                 num_threads: int | None = None) -> EngineBackend:
@@ -57,4 +65,4 @@ def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterabl
     return built
 
 
-__all__ = ["CHECKPOINT", "make_engine"]
+__all__ = ["CHECKPOINT", "engine_gpus", "make_engine"]
