@@ -189,10 +189,11 @@ class Fleet:
         self.manager.table.causes[handle.name] = f"preempted by {by}"
         self._ended(handle.name)
         if how == "node" or self.cluster.room is not None:  # a host's PIDs are its own namespace's
-            node = self.nodes.pop(handle.name, None)
-            if node is None:
+            if not self.cluster.local_nodes:
                 raise ValueError(f"{handle.name} has no Ray node of its own (rollout.hybrid.instances=nodes or hosts)")
-            self.cluster.end_node(node)
+            node = self.nodes.pop(handle.name, None)  # None: ended already, when its dead worker was reaped
+            if node is not None:
+                self.cluster.end_node(node)
         if self.cluster.room is None:
             try:
                 os.kill(handle.pid, signal.SIGKILL)
