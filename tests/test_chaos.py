@@ -18,7 +18,8 @@ KILLS = 50
 
 
 class Chaos:
-    """Kills a random instance every `every_s`; half the time it prefers one whose pull is in flight."""
+    """Kills a random instance every `every_s`, each kind of kill in `how` in turn; half the time it
+    prefers one whose pull is in flight."""
 
     def __init__(self, fleet, every_s: float, seed: int, how: list[str]):
         self.fleet, self.every_s, self.how = fleet, every_s, how
@@ -35,7 +36,7 @@ class Chaos:
                 victims = pulling
             if victims:
                 victim = self.rng.choice(victims)
-                how = self.rng.choice(self.how)
+                how = self.how[len(self.kills) % len(self.how)]  # every kind, whatever the timing
                 mid_pull = victim.pull is not None
                 self.fleet.preempt(victim, how)
                 self.kills.append((victim.name, how, mid_pull))

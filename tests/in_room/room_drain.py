@@ -9,6 +9,6 @@ from rlboost.cluster.hosts import HostEntry
 
 
 def test_a_host_ray_drains_for_preemption_is_a_notice_and_its_vanishing_wastes_nothing(tmp_path):
-    drain_then_vanish(tmp_path, instances="hosts", heartbeat_timeout_s=5.0,
+    drain_then_vanish(tmp_path, instances="hosts", heartbeat_timeout_s=3.0,
                       hosts=[HostEntry(kind="reserved", name="res-0", cpus=2),
                              HostEntry(kind="preemptible", count=3, link="100mbit")])
