@@ -180,7 +180,7 @@ def trainer_weights(trainer: PolicyTrainer, cfg: RLBoostConfig, version: int):
     from rlboost.cluster.weights import pull
 
     w = cfg.cluster.weights
-    weights = trainer.publish(version, w.bucket_mb)
+    weights = trainer.publish(version, w, cfg.engine.serving_dtype(cfg.model.dtype))
     if isinstance(weights, WeightManifest) and cfg.rollout.mode != "hybrid":
         return pull(weights, weights.fingerprint, w.pull_timeout_s)
     return weights
@@ -206,7 +206,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         h = cfg.rollout.hybrid
         histospec = cfg.rollout.histospec if cfg.rollout.histospec.enabled else None
         spec = WorkerSpec(cfg.model, cfg.engine, list(eos_token_ids), h.worker_threads, h.heartbeat_interval_s,
-                          histospec)
+                          histospec, join_from_base=cfg.cluster.weights.join_from_base)
         return HybridRollout(h, cluster, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())

@@ -18,7 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlboost.checkpoint import load_checkpoint, save_checkpoint
-from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.config import ClusterConfig, WeightsConfig
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.weights import pull
 from rlboost.models import ModelConfig, load_model
@@ -159,7 +159,7 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(cluster):
                             **trainer_kwargs())
     try:
         trainers.train_step(copy.deepcopy(groups), len(groups))
-        manifest = trainers.publish(version=1, bucket_mb=bucket_mb)
+        manifest = trainers.publish(1, WeightsConfig(bucket_mb=bucket_mb, patches=False))
         got = pull(manifest, manifest.fingerprint, timeout_s=60)
         assert manifest.version == 1 and len(manifest.buckets) > 2
         assert set(got) == set(want)

@@ -20,6 +20,19 @@ class WeightsConfig:
     """A pull that has not completed in this long fails (the worker is retried or dropped)."""
     pull_retries: int = 2
     """Failed pulls retried per worker and version before the worker is dropped."""
+    patches: bool = True
+    """Publish each version also as lossless patches (`rlboost.cluster.patches`): from the version before,
+    for workers serving it, and from the run's base, for instances joining with the base model on their
+    own disk. A worker applies one in place and checks every bucket's checksum: bit-identical to a full
+    pull. Costs the publisher two more copies of the model in host memory (the last version, the base)
+    and each patching worker one (the version it serves)."""
+    max_patch_share: float = 0.5
+    """A patch larger than this share of the full version is not offered (workers pull in full): fp32
+    weights after an Adam step change nearly everywhere, bf16 weights at RL learning rates in a few
+    percent of places."""
+    join_from_base: bool = True
+    """An instance joining the run reads the base model (`model.path`) from its own disk and pulls only
+    the patch from it, where one is offered; otherwise the whole version."""
 
     def validate(self) -> None:
         if self.bucket_mb <= 0:
@@ -28,6 +41,8 @@ class WeightsConfig:
             raise ValueError(f"cluster.weights.pull_timeout_s must be > 0, got {self.pull_timeout_s}")
         if self.pull_retries < 0:
             raise ValueError(f"cluster.weights.pull_retries must be >= 0, got {self.pull_retries}")
+        if not 0 <= self.max_patch_share <= 1:
+            raise ValueError(f"cluster.weights.max_patch_share must be in [0, 1], got {self.max_patch_share}")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from __future__ import annotations
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,9 +38,8 @@ class WeightError(RuntimeError):
 
 def publish(state: Mapping[str, object], version: int, bucket_mb: float = 64.0) -> WeightManifest:
     """Pack, checksum and put one version into Ray's object store (the caller keeps the manifest alive:
-    it holds the only references to the buckets)."""
-    manifest, _ = publish_gathered(list(state.items()), version, bucket_mb)
-    return manifest
+    it holds the only references to the buckets). No patches: `rlboost.cluster.publisher` adds them."""
+    return publish_gathered(list(state.items()), version, bucket_mb).manifest
 
 
 def plan_buckets(named: list[tuple[str, object]], limit: int) -> list[list[tuple[str, object]]]:
@@ -57,17 +57,29 @@ def plan_buckets(named: list[tuple[str, object]], limit: int) -> list[list[tuple
     return [b for b in buckets if b]
 
 
+@dataclass
+class Published:
+    manifest: WeightManifest | None
+    """None on the ranks that only take part in the gathers (`keep=False`)."""
+    peak_bytes: int
+    """The most extra memory packing held at once (one bucket's array plus the tensor being copied)."""
+    arrays: list[np.ndarray] | None = None
+    """With `hold=True`: this process's own copy of every bucket (what patches are made from)."""
+
+
 def publish_gathered(named: list[tuple[str, object]], version: int, bucket_mb: float = 64.0, gather=None,
-                     keep: bool = True) -> tuple[WeightManifest | None, int]:
+                     keep: bool = True, dtype=None, hold: bool = False) -> Published:
     """`publish` for tensors that are materialised one at a time by `gather(t)` (e.g. a sharded
     parameter's `full_tensor()`, a collective every rank runs in the same order): each is copied into
     its bucket's array and dropped before the next is gathered, so the extra memory held is one
     bucket's array plus the tensor being copied (a tensor in a bucket of its own is not copied). With
     `keep=False` (the ranks other than the one that publishes) every gather runs and nothing is packed
-    or put. Returns (the manifest or None, the peak extra bytes held)."""
+    or put. `dtype`: the dtype the weights travel in, by name (the engines' own, e.g. "bfloat16"; None:
+    as they are), each tensor cast once here. `hold`: keep this process's copy of every bucket (`Published.arrays`)."""
     import ray
 
-    buckets, peak = [], 0
+    named = [(name, _Cast(t, dtype)) for name, t in named]
+    buckets, arrays, peak = [], [], 0
     for group in plan_buckets(named, int(bucket_mb * 2**20)):
         slots, offset = [], 0
         for name, t in group:
@@ -75,13 +87,15 @@ def publish_gathered(named: list[tuple[str, object]], version: int, bucket_mb: f
             slots.append(TensorSlot(name, str(t.dtype), tuple(t.shape), offset, nbytes))
             offset += nbytes
         if len(group) == 1:  # a bucket of one tensor is that tensor's bytes: no second copy
-            full = gather(group[0][1]) if gather is not None else group[0][1]
+            full = group[0][1].read(gather)
             peak = max(peak, offset) if gather is not None else peak
             flat = _bytes_of(full) if keep else None
+            if hold and keep and full is group[0][1].tensor and full.device.type == "cpu":
+                flat = flat.copy()  # the trainer updates its tensor in place: hold what was published
         else:
             flat = np.empty(offset, dtype=np.uint8) if keep else None
             for (name, t), slot in zip(group, slots):
-                full = gather(t) if gather is not None else t
+                full = t.read(gather)
                 if gather is not None:  # a gathered tensor is a copy the caller did not hold before
                     peak = max(peak, (offset if keep else 0) + slot.nbytes)
                 if keep:
@@ -90,11 +104,35 @@ def publish_gathered(named: list[tuple[str, object]], version: int, bucket_mb: f
             peak = max(peak, offset if keep else 0)
         if keep:
             buckets.append(Bucket(ray.put(flat), offset, zlib.crc32(flat), slots))
+            if hold:
+                arrays.append(flat)
         del flat
     if not keep:
-        return None, peak
+        return Published(None, peak)
     manifest = WeightManifest(version, fingerprint(dict(named)), version_checksum(b.crc32 for b in buckets), buckets)
-    return manifest, peak
+    return Published(manifest, peak, arrays if hold else None)
+
+
+class _Cast:
+    """A tensor as it travels: its shape, the wire dtype, and `read(gather)` to materialise it so."""
+
+    def __init__(self, tensor, dtype: str | None):
+        import torch
+
+        self.tensor, self.dtype = tensor, getattr(torch, dtype) if dtype is not None else tensor.dtype
+        self.shape = tensor.shape
+
+    def numel(self) -> int:
+        return self.tensor.numel()
+
+    def element_size(self) -> int:
+        import torch
+
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def read(self, gather):
+        full = gather(self.tensor) if gather is not None else self.tensor
+        return full if full.dtype == self.dtype else full.to(self.dtype)
 
 
 class PulledWeights(Mapping):
@@ -155,5 +193,5 @@ def _bytes_of(t) -> np.ndarray:
     return t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
 
 
-__all__ = ["Bucket", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest", "WeightsConfig", "fingerprint",
+__all__ = ["Bucket", "Published", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest", "WeightsConfig", "fingerprint",
            "plan_buckets", "publish", "publish_gathered", "pull", "version_checksum"]

@@ -8,6 +8,9 @@ CPU_LINEARS = ("onednn", "torch")
 BACKENDS = ("rlboost", "vllm")
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
 @dataclass
 class EngineConfig:
     backend: str = "rlboost"
@@ -20,6 +23,13 @@ class EngineConfig:
 
     device: str = "auto"
     """`cpu`, `cuda`, `cuda:N`, or `auto` (CUDA when available, else CPU)."""
+
+    dtype: str = "auto"
+    """The dtype the rollout engines hold and serve the weights in: `auto` (the model's, `model.dtype`),
+    `float32`, `bfloat16` or `float16`. With `bfloat16` beside an fp32 trainer (the usual RL set-up), the
+    trainer's fp32 weights are cast once when a version is published and travel in bf16: half the bytes,
+    and lossless patches (`cluster.weights.patches`) then stay small, since most bf16 weights keep every
+    bit through a step at RL learning rates."""
 
     max_num_seqs: int = 64
     """Most requests decoding at once (KV-cache slots). Further requests wait in FIFO order."""
@@ -74,8 +84,14 @@ class EngineConfig:
             raise ValueError(f"rollout.histospec.enabled needs engine.backend=rlboost: {self.backend} does not verify "
                              "HistoSpec's drafts")
 
+    def serving_dtype(self, model_dtype: str) -> str:
+        """The dtype engines serve in, for a model loaded in `model_dtype`."""
+        return model_dtype if self.dtype == "auto" else self.dtype
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
+        if self.dtype not in DTYPES:
+            raise ValueError(f"engine.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"engine.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
         if self.vllm_tensor_parallel_size < 1:

@@ -2,6 +2,7 @@
 
 Contract: `make_engine(model, engine, eos_token_ids, weights=CHECKPOINT, version=0, num_threads=None)`
 builds an `rlboost.engine.protocol.EngineBackend` in this process:
+- The engine holds its weights in `engine.dtype` (`auto`: `model.dtype`).
 - `engine.backend=rlboost`: rlboost's `LLMEngine` on `model`'s architecture; `vllm`: `VllmEngine`
   (`rlboost.engine.vllm_backend`) on the model's HF folder (the bundled SmolLM2 and `tiny:*` models are
   written out as one first), its log lines routed to the run's log.
@@ -18,6 +19,7 @@ one) never loads them.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Final, Literal
 
@@ -42,6 +44,7 @@ def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterabl
                 num_threads: int | None = None) -> EngineBackend:
     """See the module docstring."""
     engine.validate()
+    model = dataclasses.replace(model, dtype=engine.serving_dtype(model.dtype))
     state = weights if isinstance(weights, Mapping) else None
     if engine.backend == "vllm":
         from rlboost.engine.vllm_backend import VllmEngine

@@ -29,9 +29,9 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rlboost.cluster import weights as weight_store
 from rlboost.cluster.manifest import WeightManifest
 from rlboost.cluster.placement import worker_options
+from rlboost.cluster.publisher import Publisher
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.resources import MANY
 from rlboost.hybrid.config import HybridConfig
@@ -66,6 +66,8 @@ class Fleet:
         self._reserved_slots = 0
         """Reserved workers placed so far: the next one covers the reserved GPUs after theirs."""
         self.manifest: WeightManifest | None = None
+        self.publisher = Publisher(cluster.cfg.weights, spec.engine.serving_dtype(spec.model.dtype))
+        """Publishes the versions of a trainer in this process (sharded trainer ranks have their own)."""
         self.boot_failures: list[str] = []
         self._stopping = False
         manager.table.on_retire = self._retire
@@ -79,7 +81,7 @@ class Fleet:
                 raise ValueError(f"asked to serve version {version} with the manifest of version {state.version}")
             self.manifest = state
         else:
-            self.manifest = weight_store.publish(state, version, self.cluster.cfg.weights.bucket_mb)
+            self.manifest = self.publisher.publish(list(state.items()), version).manifest
         self.manager.publish(self.manifest)  # the previous manifest, and its buckets, are freed now
         return self.manifest
 

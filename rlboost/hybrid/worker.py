@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlboost.cluster import weights as weight_store
+from rlboost.cluster.host_copy import HostCopy
 from rlboost.cluster.manifest import PullResult, WeightManifest
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.factory import make_engine
@@ -67,6 +67,9 @@ class WorkerSpec:
     report_delay_s: float = 0.0
     """How long a report holding only finished requests' last chunks may wait for the next report
     (rollout.hybrid.report_delay_s): fewer reports for the manager to handle, at no risk of waste."""
+    join_from_base: bool = False
+    """Read the base model (`model.path`) from this machine's disk to reach the first version from it
+    with a patch (cluster.weights.join_from_base), where the version offers one."""
 
 
 def configured_engine(spec: WorkerSpec) -> EngineBackend:
@@ -84,7 +87,8 @@ class RolloutWorker:
         self.engine = (spec.engine_factory or configured_engine)(spec)
         self.fingerprint = self.engine.fingerprint
         self.checksum = ""
-        self._served: object = None
+        self.host = HostCopy(_base_reader(spec.model) if spec.join_from_base else None)
+        """The version served, as bytes patches apply to; it keeps what it fetched for peers to fetch."""
         self.history = None
         if spec.histospec is not None:
             self.history = HistoryStore(spec.histospec.history_max_tokens)
@@ -141,14 +145,17 @@ class RolloutWorker:
         t0 = time.perf_counter()
         if self.spec.pull_delay_s:
             time.sleep(self.spec.pull_delay_s)
-        weights = weight_store.pull(manifest, self.fingerprint, timeout_s)
+        reached = self.host.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
-            self.engine.load_weights(weights, manifest.version)
+            try:
+                self.engine.load_weights(reached.weights, manifest.version)
+            except BaseException:
+                self.host.drop()  # the engine keeps the version before: the next patch must not build on this one
+                raise
             self.checksum = manifest.checksum
-            # the weights view the fetched buckets: holding them keeps this node's copies in the object
-            # store, where instances joining later can fetch them (peer to peer), until the next version
-            self._served = weights
-        return PullResult(manifest.version, manifest.checksum, manifest.nbytes, time.perf_counter() - t0)
+        result = reached.result
+        result.seconds = time.perf_counter() - t0
+        return result
 
     # ---- the stream ------------------------------------------------------------------------------
 
@@ -205,6 +212,18 @@ class RolloutWorker:
         if counts:
             self._ledger.write(("> " if sent else "") + " ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
             self._ledger.flush()
+
+
+def _base_reader(model: ModelConfig) -> Callable[[], dict]:
+    """Reads `model` from this machine's disk, in the model's dtype (the weight store casts it as the
+    trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
+
+    def read() -> dict:
+        from rlboost.models import load_model
+
+        return dict(load_model(model).model.named_parameters())
+
+    return read
 
 
 @dataclass(frozen=True)

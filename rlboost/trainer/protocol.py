@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from rlboost.cluster.config import WeightsConfig
     from rlboost.rollout.sample import Group
 
 
@@ -21,8 +22,9 @@ class PolicyTrainer(Protocol):
     def train_step(self, groups: Iterable[Group], num_groups: int, step: int | None = None) -> dict[str, float]:
         """`step`: the RL step, named in a sharded trainer's errors."""
 
-    def publish(self, version: int, bucket_mb: float) -> Any:
-        """The weights after the last step: a state dict of tensors, or a `WeightManifest`."""
+    def publish(self, version: int, store: WeightsConfig, dtype: str) -> Any:
+        """The weights after the last step: a state dict of tensors, or a `WeightManifest` of a version
+        put in the weight store as `store` says, in `dtype` (the engines' own)."""
 
     def save_state(self, folder: Path) -> None:
         """Model and optimizer state (DCP shards: loads at any world size)."""

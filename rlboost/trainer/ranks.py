@@ -55,6 +55,7 @@ class TrainerRank:
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
+        self.publisher = None
         self.passes = 0
         """Micro-batch passes (real or dummy) run so far: scripted faults count them."""
         self.fault = os.environ.get("RLBOOST_TEST_KILL_TRAINER_RANK", "")
@@ -146,13 +147,15 @@ class TrainerRank:
     def state_bytes(self) -> int:
         return self.trainer.step_state_bytes
 
-    def publish(self, version: int, bucket_mb: float):
-        from rlboost.cluster.weights import publish_gathered
+    def publish(self, version: int, store, dtype: str):
+        from rlboost.cluster.publisher import Publisher
         from rlboost.trainer.sharding import full_tensor
 
+        if self.publisher is None:  # it keeps the versions patches are made from, on the rank that packs
+            self.publisher = Publisher(store, dtype)
         named = list(self.trainer.model.named_parameters())  # tied weights once, as at world 1
-        manifest, peak = publish_gathered(named, version, bucket_mb, gather=full_tensor, keep=self.rank == 0)
-        return manifest, peak
+        out = self.publisher.publish(named, version, gather=full_tensor, keep=self.rank == 0)
+        return out.manifest, out.peak_bytes
 
     def save_state(self, folder: str) -> None:
         self.trainer.save_state(Path(folder))
@@ -275,9 +278,9 @@ class TrainerGroup:
 
     # -- weights --
 
-    def publish(self, version: int, bucket_mb: float = 64.0):
+    def publish(self, version: int, store, dtype: str | None = None):
         """The weights after the last step, as version `version` in the weight store (a WeightManifest)."""
-        out = self._all([r.publish.remote(version, bucket_mb) for r in self.ranks], "publishing weights")
+        out = self._all([r.publish.remote(version, store, dtype) for r in self.ranks], "publishing weights")
         self.last_publish_peak_bytes = max(peak for _, peak in out)
         return out[0][0]
 

@@ -250,8 +250,9 @@ class Trainer:
         """The policy's parameters by name, for `LLMEngine.load_weights`."""
         return {name: p.detach() for name, p in self.model.named_parameters()}
 
-    def publish(self, version: int, bucket_mb: float) -> dict[str, torch.Tensor]:
-        """The weights the rollout loads as `version`: this process holds them whole (`weights()`)."""
+    def publish(self, version: int, store=None, dtype: str | None = None) -> dict[str, torch.Tensor]:
+        """The weights the rollout loads as `version`: this process holds them whole (`weights()`); the
+        rollout puts them in the weight store, if it uses one."""
         return self.weights()
 
     def close(self) -> None:

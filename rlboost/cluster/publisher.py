@@ -1,0 +1,117 @@
+"""A run's weight versions as the trainer publishes them: each in full, and as lossless patches where
+they pay (issue 25; `rlboost.cluster.patches` for the encoding).
+
+Contract: `Publisher(cfg, dtype).publish(named, version, gather=None, keep=True)` -> `Published`, as
+`weights.publish_gathered` (weights cast to `dtype`, the engines' own, once here), plus, with
+`cfg.patches`:
+- a patch from the version published before (for workers serving it: a refresh), and
+- a patch from the run's base, the first version this publisher published (for instances joining
+  with the base model from their own disk). It is always one diff base -> v, never a chain, so it
+  stays as small as the cumulative change itself (the store keeps it compacted);
+each offered only when its bytes are at most `cfg.max_patch_share` of the full version (fp32 weights
+after an Adam step change nearly everywhere: then workers pull in full and no time goes into encoding
+patches nobody would use). The manifest lists what it offers (`WeightManifest.patches`).
+Memory: with patches, the publishing process holds two more copies of the model in the wire dtype
+(the previous version and the base). Buckets are encoded side by side in threads (numpy and zstd
+release the GIL).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from rlboost.cluster import patches
+from rlboost.cluster.config import WeightsConfig
+from rlboost.cluster.manifest import PatchSet
+from rlboost.cluster.weights import Published, publish_gathered
+
+
+@dataclass
+class _Kept:
+    """A published version's bytes, to make patches from."""
+
+    version: int
+    checksum: str
+    layout: tuple
+    arrays: list[np.ndarray]
+    itemsizes: list[int]
+
+
+@dataclass
+class PublishStats:
+    """What the last `publish` put in the store (bench weights, weights/* metrics)."""
+
+    full_bytes: int = 0
+    patch_bytes: int = 0
+    """Of the patch from the previous version; 0: none offered."""
+    from_base_bytes: int = 0
+    """Of the patch from the base; 0: none offered (or this version is the base)."""
+    changed_share: float = 0.0
+    """Elements whose bits changed since the previous version."""
+    encode_s: float = 0.0
+
+
+class Publisher:
+    def __init__(self, cfg: WeightsConfig, dtype=None):
+        self.cfg, self.dtype = cfg, dtype
+        self._prev: _Kept | None = None
+        self._base: _Kept | None = None
+        self.stats = PublishStats()
+
+    def publish(self, named: list[tuple[str, object]], version: int, gather=None, keep: bool = True) -> Published:
+        out = publish_gathered(named, version, self.cfg.bucket_mb, gather=gather, keep=keep, dtype=self.dtype,
+                               hold=self.cfg.patches)
+        if out.manifest is None or not self.cfg.patches:
+            if out.manifest is not None:
+                self.stats = PublishStats(full_bytes=out.manifest.nbytes)
+            return out
+        m = out.manifest
+        kept = _Kept(m.version, m.checksum, m.layout, out.arrays, [b.itemsize for b in m.buckets])
+        out.arrays = None
+        t0 = time.perf_counter()
+        self.stats = PublishStats(full_bytes=m.nbytes)
+        if self._prev is not None and self._prev.layout == kept.layout:
+            m.patches += self._offer(self._prev, kept, m.nbytes, base=False)
+        if self._base is None:
+            self._base = kept  # the run's first version is what every instance's disk holds
+        elif self._base.layout == kept.layout:
+            if self._base is self._prev and m.patches:  # the same diff: offer it under both names
+                m.patches.append(dataclasses.replace(m.patches[0], base=True))
+            else:
+                m.patches += self._offer(self._base, kept, m.nbytes, base=True)
+        m.from_base = self._base is kept or any(p.base for p in m.patches)
+        m.patching = self._prev is None or any(not p.base for p in m.patches)
+        for p in m.patches:
+            if p.base:
+                self.stats.from_base_bytes = p.nbytes
+            else:
+                self.stats.patch_bytes = p.nbytes
+        self.stats.encode_s = time.perf_counter() - t0
+        self._prev = kept
+        return out
+
+    def _offer(self, old: _Kept, new: _Kept, full_bytes: int, base: bool) -> list[PatchSet]:
+        """The patch old -> new, if it is small enough to pay."""
+        import ray
+
+        limit = self.cfg.max_patch_share * full_bytes
+        changed = sum(patches.changed_share(a, b, n) * a.nbytes for a, b, n in zip(old.arrays, new.arrays, new.itemsizes))
+        if not base:
+            self.stats.changed_share = changed / max(full_bytes, 1)
+        if changed > limit:  # more changed bytes than the limit: its patch can hardly be smaller
+            return []
+        with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+            parts = list(pool.map(patches.encode, old.arrays, new.arrays, new.itemsizes))
+        if sum(len(p) for p in parts) > limit:
+            return []
+        refs = [ray.put(np.frombuffer(p, dtype=np.uint8)) for p in parts]
+        return [PatchSet(old.version, old.checksum, refs, [len(p) for p in parts], base=base)]
+
+
+__all__ = ["PublishStats", "Publisher"]
