@@ -107,7 +107,8 @@ def _bench(args: argparse.Namespace) -> int:
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
     check_finite(cfg, name=lambda key: "--" + key.split("[")[0].replace("_", "-"))  # argparse's float takes nan and inf
-    if getattr(importlib.import_module(f"rlboost.bench.{BENCHES[args.what][0]}"), "NEEDS_ROOM", False):
+    needs_room = getattr(importlib.import_module(f"rlboost.bench.{BENCHES[args.what][0]}"), "NEEDS_ROOM", False)
+    if needs_room(cfg) if callable(needs_room) else needs_room:
         _enter_room(args.argv)  # the bench goes on inside a room of emulated hosts
     kwargs = {"log": log_for(console)} if "log" in inspect.signature(run).parameters else {}
     # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the

@@ -181,7 +181,7 @@ def test_the_metrics_are_read_from_the_report_alone():
     stats.migrated["preempted"] = 4
     report = StepReport(stats=stats, samples=8, response_tokens=400, t0=0.0, released_s=2.0, trainer_wait_s=1.0,
                         remote_s=6.0, wait_remote_s=3.0, loop_cpu_s=0.5, reports=10,
-                        pulls=PullStats(pulls=[("p0", 1.0, 10), ("p1", 3.0, 10)], provision_s=[4.0]),
+                        pulls=PullStats(pulls=[("p0", 1.0, 10, "full"), ("p1", 3.0, 4, "patch")], provision_s=[4.0]),
                         deaths_between_steps=(("p2", "lost", True), ("p3", "released", False)))
     assert report.preemptions == 2  # one in the step, one between steps
     m = step_metrics(report, outcome(preemptions=report.preemptions), seed_window_s=2.0, cap=3,
@@ -189,6 +189,8 @@ def test_the_metrics_are_read_from_the_report_alone():
     assert m["spot/cap"] == 3.0 and m["spot/preemptions"] == 2.0 and m["spot/joins"] == 1.0
     assert m["migration/preempted"] == 4.0 and m["migration/wasted_tokens"] == 3.0
     assert m["weights/pull_s"] == 2.0 and m["rollout/preemptible_token_share"] == 0.75
+    assert m["weights/pulled_bytes"] == 14.0 and m["weights/full_pulls"] == 1.0 and m["weights/patch_pulls"] == 1.0
+    assert m["weights/from_base_pulls"] == 0.0
     assert m["timing_s/gen"] == 7.0 and m["timing_s/update_actor"] == 4.0 and m["timing_s/wait_train"] == 1.0
     assert "spot/cap" not in step_metrics(report, outcome(), seed_window_s=2.0, cap=None, preemption_rate=0.0,
                                           weight_bytes=0, reserved_tokens_per_s=0.0)

@@ -172,7 +172,7 @@ def _on_hosts(cfg: ClusterBenchConfig, model: str, link: str, state: dict, work:
             detect[label] = next((t - at for t, name, _ in run.stats.deaths if name == victim), float("nan"))
             lost += work.lost_tokens(groups)
             wasted += run.stats.wasted_tokens
-        pulls = [(s, b) for _, s, b in joins.pulls]
+        pulls = [(s, b) for _, s, b, _ in joins.pulls]
         bits = link_bits_s(link)
         return {"model": model, "link": link, "step_s": step_s,
                 "join_s": sum(joins.provision_s) / max(1, len(joins.provision_s)),

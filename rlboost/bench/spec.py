@@ -20,7 +20,6 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
 from rich.table import Table
 
 from rlboost.data import arithmetic_rows
@@ -28,9 +27,7 @@ from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.protocol import SpecStats
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import ModelConfig, load_model
-from rlboost.rewards import compute_score
-from rlboost.rollout import new_groups, run_colocated
-from rlboost.trainer import Trainer, TrainerConfig
+from rlboost.bench.grpo import grpo_steps
 
 
 @dataclass
@@ -77,7 +74,9 @@ def bench_spec(cfg: SpecBenchConfig) -> dict:
             store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
 
     results = [_measure(cfg, "same_weights", plain, spec, prompts, stores)]
-    weights = _grpo_steps(cfg, loaded, plain, rows, prompts)
+    for weights in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
+                              max_tokens=cfg.max_tokens, seed=cfg.seed):
+        pass  # the weights after the last step
     plain.load_weights(weights, 1)
     spec.load_weights(weights, 1)
     results.append(_measure(cfg, "after_training", plain, spec, prompts, stores))
@@ -114,25 +113,6 @@ def _timed(engine: LLMEngine, waves, params: SamplingParams):
     for wave in waves:
         outs += engine.generate(wave, [dataclasses.replace(params, seed=params.seed * 7 + i) for i in range(len(wave))])
     return time.perf_counter() - t0, outs
-
-
-def _grpo_steps(cfg, loaded, engine, rows, prompts) -> dict[str, torch.Tensor]:
-    """`train_steps` GRPO steps (8 prompts x 4 samples each, T=1) on the benchmark's prompts."""
-    trainer = Trainer(loaded.model, TrainerConfig(lr=cfg.lr, device="cpu"), temperature=1.0,
-                      max_response_length=cfg.max_tokens, total_optimizer_steps=cfg.train_steps,
-                      pad_token_id=loaded.tokenizer.pad_token_id or 0)
-    params = SamplingParams(temperature=1.0, max_tokens=cfg.max_tokens)
-    for step in range(cfg.train_steps):
-        chosen = [(i, prompts[i], rows[i]) for i in range(step * 8 % len(rows), step * 8 % len(rows) + 8)
-                  if i < len(rows)]
-        groups = list(run_colocated(engine, new_groups(step + 1, chosen, 4, cfg.seed), params))
-        for g in groups:
-            for s in g.samples:
-                text = loaded.tokenizer.decode(s.response_ids, skip_special_tokens=True)
-                s.reward = compute_score(g.data_source, text, g.ground_truth, g.extra_info)
-        trainer.train_step(groups, len(groups))
-        engine.load_weights(trainer.weights(), version=step + 1)
-    return trainer.weights()
 
 
 def render(result: dict) -> Table:

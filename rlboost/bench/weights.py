@@ -7,10 +7,15 @@ crosses from one object store to another like between machines), in one run:
 - `floor_s`: the same number of bare fetches of the same buckets, at the same moment, on fresh nodes,
   timed inside the fetching process: bytes ÷ the bandwidth of that path, no checksum, no copy.
 Target: provision_s <= startup_s + 1.5 x floor_s.
+
+With `--patches`, what lossless patches save instead (`rlboost.bench.weight_patches`): bytes per version
+on real GRPO steps, bit-identity, and joins and refreshes behind 100 Mbit/s, 1 Gbit/s and 10 Gbit/s
+links on emulated hosts.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -19,6 +24,7 @@ import ray
 from rich.table import Table
 
 from rlboost.cluster.config import ClusterConfig
+from rlboost.cluster.hosts import HostEntry, in_room, link_bits_s
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.ray_setup import add_node
 from rlboost.cluster.resources import MANY, PREEMPTIBLE, RESERVED
@@ -38,6 +44,26 @@ class WeightsBenchConfig:
     """How many instances join together, one measurement each."""
     bucket_mb: float = 64.0
     """cluster.weights.bucket_mb."""
+    patches: bool = False
+    """Measure lossless patches instead (the fields below; docs/weights.md)."""
+    patch_models: list[str] = field(default_factory=lambda: ["smollm2", "tiny:qwen3"])
+    """--patches: models trained with real GRPO steps; the first one's versions cross the links."""
+    lrs: list[float] = field(default_factory=lambda: [1e-6, 2e-5])
+    """--patches: learning rates (1e-6: the usual RL one; 2e-5: the showcase's); the first one's
+    versions cross the links."""
+    steps: int = 20
+    """--patches: GRPO steps per model and lr."""
+    max_tokens: int = 48
+    """--patches: tokens per response at most in those steps."""
+    links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
+    """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
+    seed: int = 0
+    """--patches: seed of prompts and sampling."""
+
+
+def NEEDS_ROOM(cfg: WeightsBenchConfig) -> bool:
+    """The links of `--patches` are measured inside a room of emulated hosts."""
+    return cfg.patches and bool(cfg.links)
 
 
 @ray.remote(num_cpus=0)
@@ -49,6 +75,8 @@ class _Fetcher:
 
 
 def bench_weights(cfg: WeightsBenchConfig) -> dict:
+    if cfg.patches:
+        return bench_patches(cfg)
     hybrid = HybridConfig(num_preemptible=0, instances="nodes")
     cluster_cfg = ClusterConfig()
     cluster_cfg.weights.bucket_mb = cfg.bucket_mb
@@ -98,7 +126,34 @@ def _floor(fleet: Fleet, refs: list, n: int) -> float:
             cluster.head.remove_node(node, allow_graceful=False)
 
 
-def render(result: dict) -> Table:
+def bench_patches(cfg: WeightsBenchConfig) -> dict:
+    from rlboost.bench import weight_patches
+
+    for link in cfg.links:
+        link_bits_s(link, "--links")
+    rows, versions = [], {}
+    # the weight store's Ray; inside a room, on its reserved host (the room's loopback holds no Ray)
+    cluster = (Cluster(dataclasses.replace(ClusterConfig(), hosts=[HostEntry(kind="reserved", name="res-0", cpus=2)]),
+                       "hosts") if in_room() else Cluster(ClusterConfig(), "processes"))
+    try:
+        for model in cfg.patch_models:
+            for lr in cfg.lrs:
+                first = not versions
+                keep = (0, cfg.steps - 1, cfg.steps) if first else ()
+                out, kept = weight_patches.byte_rows(model, lr, cfg.steps, cfg.max_tokens, cfg.seed, keep)
+                rows += out
+                if first:
+                    versions = kept
+    finally:
+        cluster.shutdown()
+    if cfg.links:
+        rows += weight_patches.link_rows(cfg.patch_models[0], versions, cfg.links, cfg.bucket_mb)
+    return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": rows}
+
+
+def render(result: dict):
+    if result["config"].get("patches"):
+        return _render_patches(result)
     r0 = result["results"][0] if result["results"] else {"bytes": 0}
     table = Table(title=f"weight provisioning, {r0['bytes'] / 2**20:.0f} MiB of {result['config']['model']}, "
                         f"{result['machine']['cpus']} CPUs")
@@ -108,3 +163,29 @@ def render(result: dict) -> Table:
         table.add_row(str(r["workers"]), f"{r['startup_s']:.2f}", f"{r['floor_s']:.2f}", f"{r['provision_s']:.2f}",
                       f"{r['startup_s'] + 1.5 * r['floor_s']:.2f}", "yes" if r["within_target"] else "no")
     return table
+
+
+def _render_patches(result: dict) -> list[Table]:
+    import statistics
+
+    sizes = Table(title="lossless patches on real GRPO steps: share of the full version's bytes")
+    for col in ("model", "lr", "dtype", "steps", "changed (median)", "patch (median)", "patch (max)",
+                "from base (last step)", "encode s (median)", "bit-identical"):
+        sizes.add_column(col, justify="left" if col in ("model", "dtype") else "right")
+    bytes_rows = [r for r in result["results"] if "link" not in r]
+    for key in dict.fromkeys((r["model"], r["lr"], r["dtype"]) for r in bytes_rows):
+        rs = [r for r in bytes_rows if (r["model"], r["lr"], r["dtype"]) == key]
+        share = [r["patch_bytes"] / r["full_bytes"] for r in rs]
+        sizes.add_row(key[0], f"{key[1]:g}", key[2], str(len(rs)),
+                      f"{statistics.median(r['changed_share'] for r in rs):.2%}", f"{statistics.median(share):.2%}",
+                      f"{max(share):.2%}", f"{rs[-1]['from_base_bytes'] / rs[-1]['full_bytes']:.2%}",
+                      f"{statistics.median(r['encode_s'] for r in rs):.2f}",
+                      "yes" if all(r["bit_identical"] for r in rs) else "NO")
+    links = Table(title="a spot instance behind a link: join (launch to serving) and refresh (v-1 to v)")
+    for col in ("model", "link", "mode", "join_s", "pull_s", "pulled", "refresh mode", "refresh_s", "refreshed"):
+        links.add_column(col, justify="left" if col in ("model", "link", "mode", "refresh mode") else "right")
+    for r in (r for r in result["results"] if "link" in r):
+        links.add_row(r["model"], r["link"], r["mode"], f"{r['join_s']:.2f}", f"{r['pull_s']:.2f}",
+                      f"{r['pulled_bytes'] / 2**20:.1f} MiB", r["refresh_mode"], f"{r['refresh_s']:.2f}",
+                      f"{r['refresh_bytes'] / 2**20:.2f} MiB")
+    return [sizes, links] if links.row_count else [sizes]

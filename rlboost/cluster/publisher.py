@@ -49,9 +49,9 @@ class PublishStats:
 
     full_bytes: int = 0
     patch_bytes: int = 0
-    """Of the patch from the previous version; 0: none offered."""
+    """Of the patch from the previous version, offered or not (too large); 0: none encoded."""
     from_base_bytes: int = 0
-    """Of the patch from the base; 0: none offered (or this version is the base)."""
+    """Of the patch from the base, likewise (0 also when this version is the base)."""
     changed_share: float = 0.0
     """Elements whose bits changed since the previous version."""
     encode_s: float = 0.0
@@ -63,6 +63,8 @@ class Publisher:
         self._prev: _Kept | None = None
         self._base: _Kept | None = None
         self.stats = PublishStats()
+        self._encoded = 0
+        """Bytes of the patch `_offer` encoded last."""
 
     def publish(self, named: list[tuple[str, object]], version: int, gather=None, keep: bool = True) -> Published:
         out = publish_gathered(named, version, self.cfg.bucket_mb, gather=gather, keep=keep, dtype=self.dtype,
@@ -78,20 +80,17 @@ class Publisher:
         self.stats = PublishStats(full_bytes=m.nbytes)
         if self._prev is not None and self._prev.layout == kept.layout:
             m.patches += self._offer(self._prev, kept, m.nbytes, base=False)
+            self.stats.patch_bytes = self._encoded
         if self._base is None:
             self._base = kept  # the run's first version is what every instance's disk holds
         elif self._base.layout == kept.layout:
-            if self._base is self._prev and m.patches:  # the same diff: offer it under both names
-                m.patches.append(dataclasses.replace(m.patches[0], base=True))
+            if self._base is self._prev:  # the same diff: offer it under both names
+                m.patches += [dataclasses.replace(p, base=True) for p in m.patches]
             else:
                 m.patches += self._offer(self._base, kept, m.nbytes, base=True)
+            self.stats.from_base_bytes = self._encoded
         m.from_base = self._base is kept or any(p.base for p in m.patches)
         m.patching = self._prev is None or any(not p.base for p in m.patches)
-        for p in m.patches:
-            if p.base:
-                self.stats.from_base_bytes = p.nbytes
-            else:
-                self.stats.patch_bytes = p.nbytes
         self.stats.encode_s = time.perf_counter() - t0
         self._prev = kept
         return out
@@ -104,11 +103,13 @@ class Publisher:
         changed = sum(patches.changed_share(a, b, n) * a.nbytes for a, b, n in zip(old.arrays, new.arrays, new.itemsizes))
         if not base:
             self.stats.changed_share = changed / max(full_bytes, 1)
+        self._encoded = 0
         if changed > limit:  # more changed bytes than the limit: its patch can hardly be smaller
             return []
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             parts = list(pool.map(patches.encode, old.arrays, new.arrays, new.itemsizes))
-        if sum(len(p) for p in parts) > limit:
+        self._encoded = sum(len(p) for p in parts)
+        if self._encoded > limit:
             return []
         refs = [ray.put(np.frombuffer(p, dtype=np.uint8)) for p in parts]
         return [PatchSet(old.version, old.checksum, refs, [len(p) for p in parts], base=base)]

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 class PullStats:
     """What the pulls did since the stats were last taken (weights/* and spot/* metrics)."""
 
-    pulls: list[tuple[str, float, int]] = field(default_factory=list)
-    """(worker, seconds, bytes) of every verified pull."""
+    pulls: list[tuple[str, float, int, str]] = field(default_factory=list)
+    """(worker, seconds, bytes fetched, mode) of every verified pull; mode `full`, `patch` (from the version
+    it served) or `from_base` (from the base model on its own disk)."""
     provision_s: list[float] = field(default_factory=list)
     """Launch to first verified weights, of every instance that became ready."""
     pull_failures: int = 0
@@ -141,7 +142,9 @@ class PullTracker:
             return PullEvent(h, False, "it serves weights that fail the store's checksum")
         h.version, h.checksum, h.pull_failures = result.version, result.checksum, 0
         self.longest_s = max(self.longest_s, result.seconds)
-        self.stats.pulls.append((h.name, result.seconds, result.nbytes))
+        self.stats.pulls.append((h.name, result.seconds, result.nbytes, result.mode))
+        if result.note:
+            event("worker %s pulled v%d in full: %s", h.name, result.version, result.note)
         if h.version != m.version:
             return None  # an older version arrived after a newer one was published: the next pull is due
         if h.ready is None:

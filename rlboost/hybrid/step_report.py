@@ -54,7 +54,8 @@ def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: flo
     `cap`: the cap the provider holds to; `advised_cap`: the controller's when it is not enforced."""
     stats, pulls = report.stats, report.pulls
     tokens = sum(stats.tokens_by_kind.values()) or 1
-    pulled = [seconds for _, seconds, _ in pulls.pulls]
+    pulled = [seconds for _, seconds, _, _ in pulls.pulls]
+    modes = [mode for *_, mode in pulls.pulls]
     caps = {"spot/cap": cap, "spot/cap_advised": advised_cap}
     return {name: float(value) for name, value in caps.items() if value is not None} | {
         "spot/instances": float(outcome.instances_start),
@@ -77,6 +78,10 @@ def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: flo
         "weights/pull_s": sum(pulled) / len(pulled) if pulled else 0.0,
         "weights/provision_s": sum(pulls.provision_s) / len(pulls.provision_s) if pulls.provision_s else 0.0,
         "weights/bytes": float(weight_bytes),
+        "weights/pulled_bytes": float(sum(nbytes for _, _, nbytes, _ in pulls.pulls)),
+        "weights/full_pulls": float(modes.count("full")),
+        "weights/patch_pulls": float(modes.count("patch")),
+        "weights/from_base_pulls": float(modes.count("from_base")),
         "weights/pull_failures": float(pulls.pull_failures),
         "rollout/preemptible_token_share": stats.tokens_by_kind[PREEMPTIBLE] / tokens,
         "rollout/seed_window_s": seed_window_s,
