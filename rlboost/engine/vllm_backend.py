@@ -140,7 +140,8 @@ class VllmEngine:
         self.last_step: tuple[int, bool] = (0, False)
         self.last_decode_steps = 1
         self.fingerprint, self._params = _skeleton_params(hf_config, dtype)
-        self._packed = self._engine.apply_model(_packed_modules)[0]
+        self.packed_modules = self._engine.apply_model(_packed_modules)[0]
+        """vLLM's fused layers -> the checkpoint modules each holds: what a partial load sends whole."""
         self.book: RequestBook[Request] = RequestBook(config)
         self._seed_counter = itertools.count()
 
@@ -236,14 +237,11 @@ class VllmEngine:
             weights = dict(state)
             if self.tied:  # both names, as a standard checkpoint holds them
                 weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-            if names is None:
-                self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
-            else:
-                touched = whole_layers(weights, names, self._packed, tied=self.tied)
-                if touched:
-                    with _quiet_untouched_layers():
-                        self._engine.collective_rpc(
-                            "reload_weights", kwargs={"weights_iterator": [(n, weights[n]) for n in touched]})
+            sent = list(weights) if names is None else whole_layers(weights, names, self.packed_modules, self.tied)
+            if sent:  # an empty partial load only retags
+                with contextlib.nullcontext() if names is None else _quiet_untouched_layers():
+                    self._engine.collective_rpc("reload_weights",
+                                                kwargs={"weights_iterator": [(n, weights[n]) for n in sent]})
         self.weight_version = version
 
     def sleep(self) -> None:
