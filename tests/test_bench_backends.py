@@ -50,6 +50,9 @@ def test_bench_backends_with_vllm(tmp_path, capfd, monkeypatch):
     assert "Loading safetensors checkpoint shards" not in console
     log = (tmp_path / "outputs" / "bench" / "engine.log").read_text()
     assert "rlboost.vllm: (vllm." in log and "Resolved architecture" in log
+    # a full swap logs it once, for the rotary table; a partial swap leaves most layers as they are
+    # on purpose and must not report each as failed
+    assert log.count("Failed to load weights") <= 2, log
 
 
 def test_bench_backends_unknown_name(tmp_path):
