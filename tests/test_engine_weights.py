@@ -69,3 +69,42 @@ def test_sleep_refused_while_busy():
     engine.add("x", [5, 6], GREEDY)
     with pytest.raises(EngineStateError, match="sleep"):
         engine.sleep()
+
+
+def test_partial_load_copies_the_named_parameters_and_nothing_else(family):
+    engine = make_engine(family, seed=0)
+    v1 = {n: p.detach().clone() for n, p in engine.model.named_parameters()}
+    v2 = {n: p.detach().clone() for n, p in tiny_model(family, seed=7).named_parameters()}
+    named = ["model.layers.0.self_attn.k_proj.weight", "model.norm.weight"]
+    engine.load_weights(v2, version=2, names=named)
+    for name, param in engine.model.named_parameters():
+        assert torch.equal(param, (v2 if name in named else v1)[name]), name
+    assert engine.weight_version == 2
+
+
+def test_partial_load_of_a_tied_embedding_by_its_head_name():
+    engine = make_engine("qwen3")  # tied: lm_head.weight is model.embed_tokens.weight
+    v2 = {n: p.detach().clone() for n, p in tiny_model("qwen3", seed=7).named_parameters()}
+    engine.load_weights(v2, version=1, names=["lm_head.weight"])
+    assert torch.equal(engine.model.model.embed_tokens.weight, v2["model.embed_tokens.weight"])
+    assert engine.model.lm_head.weight is engine.model.model.embed_tokens.weight
+
+
+def test_vllm_partial_reload_sends_every_layer_it_touches_whole():
+    from rlboost.engine.vllm_backend import whole_layers
+
+    packed = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    state = [f"model.layers.{i}.{m}.{t}" for i in (0, 1)
+             for m in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj") for t in ("weight", "bias")]
+    state = ["model.embed_tokens.weight", *state, "model.norm.weight", "lm_head.weight"]
+    sent = whole_layers(state, ["model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.up_proj.bias",
+                                "lm_head.weight"], packed, tied=True)
+    assert sent == ["model.embed_tokens.weight",
+                    "model.layers.0.mlp.gate_proj.weight", "model.layers.0.mlp.gate_proj.bias",
+                    "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.bias",
+                    *[f"model.layers.1.self_attn.{m}_proj.{t}" for m in "qkv" for t in ("weight", "bias")],
+                    "lm_head.weight"]
+    assert whole_layers(state, ["lm_head.weight"], packed, tied=False) == ["lm_head.weight"]
+    assert whole_layers(state, ["model.layers.0.self_attn.o_proj.weight"], packed, tied=False) == [
+        "model.layers.0.self_attn.o_proj.weight", "model.layers.0.self_attn.o_proj.bias"]

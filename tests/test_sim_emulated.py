@@ -233,6 +233,26 @@ def test_weights_sleep_and_state_errors():
     assert chunks["b"] and engine.weight_version == 3
 
 
+def test_partial_load_into_the_skeleton_copies_only_the_names():
+    import torch
+
+    from rlboost.models import ModelConfig, load_model
+
+    skeleton = load_model(ModelConfig(path="tiny:qwen3", seed=0)).model
+    v1 = {n: p.detach().clone() for n, p in skeleton.named_parameters()}
+    v2 = {n: p.detach().clone() for n, p in load_model(ModelConfig(path="tiny:qwen3", seed=5)).model.named_parameters()}
+    clock = FakeClock()
+    engine = EmulatedEngine(config(), (EOS,), model=skeleton, clock=clock.now, sleep=clock.sleep)
+    named = ["model.layers.0.mlp.up_proj.weight", "lm_head.weight"]  # tied: the embedding, by its head's name
+    engine.load_weights(v2, 2, names=named)
+    for name, param in skeleton.named_parameters():
+        moved = name in ("model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight")
+        assert torch.equal(param, (v2 if moved else v1)[name]), name
+    with pytest.raises(ValueError, match=r"names \['model.nope'\] are not parameters"):
+        engine.load_weights(v2, 3, names=["model.nope"])
+    assert engine.weight_version == 2
+
+
 def test_seeds_outside_the_workload_still_draw_from_it():
     cfg = config()
     engine, _ = fake_engine(cfg)

@@ -51,6 +51,9 @@ class EngineBenchConfig:
     Empty: the engine against HF generate and the roofline at `batch`."""
     batches: list[int] = field(default_factory=lambda: [1, 8, 32])
     """Batch sizes of the `backends` comparison."""
+    partial_share: float = 0.02
+    """Share of the model's bytes a patched version changes in the `backends` comparison's partial weight
+    swap (whole tensors, drawn in a seeded order), timed beside the full swap."""
 
 
 class _EngineRun:

@@ -15,7 +15,8 @@ Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.prot
 - Speculative decoding (DESIGN 2.8): with a `drafter` (HistoSpec's), small decode batches verify
   draft tokens in one forward pass. The token emitted at each position is exactly the one plain
   decoding draws there (given the same logits), so speculation changes speed, never output.
-- `load_weights(state_dict, version)` copies weights in place; `sleep()` frees the KV cache and
+- `load_weights(state_dict, version, names=None)` copies weights in place (only `names` when given:
+  a patched version's changed parameters, the rest already served); `sleep()` frees the KV cache and
   `wake()` allows it back. All three need an engine with no unfinished request, so every token of a
   request comes from one weight version.
 """
@@ -40,6 +41,7 @@ from rlboost.engine.sampler import logprobs_of, sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
 from rlboost.engine.sequence import Completion, PartialOutput, Sequence, StreamChunk
+from rlboost.engine.weight_copy import copy_weights
 from rlboost.policies.spec_budget import SpecBudget
 
 
@@ -303,14 +305,15 @@ class LLMEngine:
 
     # ---- weights and memory ----------------------------------------------------------------------
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy a complete state dict into the model in place and tag it `version`."""
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int,
+                     names: Iterable[str] | None = None) -> None:
+        """Check a complete state dict, copy it (or only the parameters `names` names) into the model in
+        place and tag it `version` (the protocol's partial load)."""
         self.book.require_idle("load_weights")
         params = dict(self.model.named_parameters())  # tied weights appear once
-        check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
-        with torch.no_grad():
-            for name, param in params.items():
-                param.copy_(state_dict[name])
+        names = None if names is None else list(names)
+        check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version, names)
+        copy_weights(self.model, state_dict, names)
         self.weight_version = version
 
     def sleep(self) -> None:

@@ -26,8 +26,14 @@ The calls and what they promise:
   generated, streamed or not. Ids that finished or were never added are ignored.
 - `progress() -> {request_id: tokens generated so far}` of the unfinished requests; `has_unfinished()`,
   `num_running`, `num_waiting`.
-- `load_weights(state, version)`: swap weights in place (a mapping of parameter name to tensor; an
-  engine without a model only takes the version) and tag them `version` (`weight_version`);
+- `load_weights(state, version, names=None)`: swap weights in place (a mapping of parameter name to
+  tensor; an engine without a model only takes the version) and tag them `version` (`weight_version`).
+  `state` is always a complete version, checked whole (`check_weights`). `names=None` copies all of
+  it; `names` given (a patched version: the parameters whose bits differ from the version the engine
+  serves now, which the caller guarantees is the one the patch was made against) copies only those,
+  so an engine that holds v-1 ends up serving exactly what a full load of v gives. A tied weight may
+  be named under either of its names. A name the model does not have is refused by name, as is an
+  incomplete state with or without names; an empty `names` only retags the version.
   `sleep()` frees the KV cache, `wake()` allows it back (`asleep`). All three refuse with
   `EngineStateError` while requests are unfinished: every token of a request comes from one version.
 - `drafter`: the speculative-decoding hook (HistoSpec's `Drafter`, or None). An engine that cannot
@@ -59,16 +65,23 @@ def weights_fingerprint(params: Mapping[str, object]) -> str:
 
 
 def check_weights(params: Mapping[str, object], aliases: Iterable[str], state: Mapping[str, object],
-                  version: int) -> None:
+                  version: int, names: Iterable[str] | None = None) -> None:
     """Raise ValueError unless `state` fits a model whose parameters are `params` (name -> anything with
     a `shape`; tied weights once) and whose other state names are `aliases`: every parameter given,
-    nothing unknown, every shape right. What every engine with a model checks before a swap."""
+    nothing unknown, every shape right; and every one of `names` (a partial load's) is one of them.
+    What every engine with a model checks before a swap, partial or not."""
     known = set(params) | set(aliases)
+    if names is not None:
+        strangers = sorted(set(names) - known)
+        if strangers:
+            raise ValueError(f"load_weights(version={version}): names {strangers[:5]} are not parameters "
+                             f"of the model")
     unknown = sorted(set(state) - known)
     missing = sorted(set(params) - set(state))
     if unknown or missing:
+        partial = "" if names is None else " (a partial load still takes the whole version; names pick what is copied)"
         raise ValueError(f"load_weights(version={version}): state dict does not match the model: "
-                         f"unknown keys {unknown[:5]}, missing keys {missing[:5]}")
+                         f"unknown keys {unknown[:5]}, missing keys {missing[:5]}{partial}")
     for name, param in params.items():
         if tuple(state[name].shape) != tuple(param.shape):
             raise ValueError(f"load_weights(version={version}): `{name}` has shape {tuple(state[name].shape)}, "
@@ -186,7 +199,8 @@ class EngineBackend(Protocol):
     def num_running(self) -> int: ...
     @property
     def num_waiting(self) -> int: ...
-    def load_weights(self, state: Mapping[str, object] | None, version: int) -> None: ...
+    def load_weights(self, state: Mapping[str, object] | None, version: int,
+                     names: Iterable[str] | None = None) -> None: ...
     def sleep(self) -> None: ...
     def wake(self) -> None: ...
 

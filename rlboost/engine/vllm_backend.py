@@ -28,7 +28,14 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   with the seed's first state, not the state at its absolute position.
 - Weights: `load_weights` reloads the given tensors in place through the workers' `reload_weights`
   (vLLM's own in-place reload; on a CPU the weights are repacked for its kernels, which a plain
-  `load_weights` on the model would not do). Tied embeddings are given under both names.
+  `load_weights` on the model would not do). Tied embeddings are given under both names. A partial
+  load (`names`) reloads only the vLLM layers those names touch, each one whole: vLLM's layerwise
+  reload fills a layer from fresh uninitialised memory once it has had all its elements, or at the
+  end with whatever it got, and puts back the layers that got nothing untouched. So a changed
+  `q_proj` sends its layer's q/k/v (vLLM fuses them into `qkv_proj`), a changed `up_proj` its
+  `gate_proj` too (`gate_up_proj`), per the model's `packed_modules_mapping`; everything else stays as
+  it is. vLLM's warnings that those untouched layers "failed to load" are dropped for a partial load
+  (docs/engine.md, "What reaches vLLM").
 - Sleep: on CUDA with vLLM's sleep mode, `sleep()` offloads the weights and drops the KV cache
   (`LLMEngine.sleep(level=1)`), `wake()` brings both back. vLLM's CPU platform has no sleep mode: there
   `sleep()` only refuses work until `wake()` and frees nothing (`frees_memory_on_sleep = False`).
@@ -41,7 +48,9 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -131,6 +140,8 @@ class VllmEngine:
         self.last_step: tuple[int, bool] = (0, False)
         self.last_decode_steps = 1
         self.fingerprint, self._params = _skeleton_params(hf_config, dtype)
+        self.packed_modules = self._engine.apply_model(_packed_modules)[0]
+        """vLLM's fused layers -> the checkpoint modules each holds: what a partial load sends whole."""
         self.book: RequestBook[Request] = RequestBook(config)
         self._seed_counter = itertools.count()
 
@@ -215,15 +226,22 @@ class VllmEngine:
 
     # ---- weights and memory ----------------------------------------------------------------------
 
-    def load_weights(self, state: Mapping[str, object] | None, version: int) -> None:
-        """Reload `state` (parameter name -> tensor, tied weights once or under both names) in place."""
+    def load_weights(self, state: Mapping[str, object] | None, version: int,
+                     names: Iterable[str] | None = None) -> None:
+        """Reload `state` (parameter name -> tensor, tied weights once or under both names) in place:
+        all of it, or only the vLLM layers `names` touch (module docstring)."""
         self.book.require_idle("load_weights")
         if state is not None:
-            check_weights(self._params, {"lm_head.weight"} if self.tied else set(), state, version)
+            names = None if names is None else set(names)
+            check_weights(self._params, {"lm_head.weight"} if self.tied else set(), state, version, names)
             weights = dict(state)
             if self.tied:  # both names, as a standard checkpoint holds them
                 weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-            self._engine.collective_rpc("reload_weights", kwargs={"weights_iterator": list(weights.items())})
+            sent = list(weights) if names is None else whole_layers(weights, names, self.packed_modules, self.tied)
+            if sent:  # an empty partial load only retags
+                with contextlib.nullcontext() if names is None else _quiet_untouched_layers():
+                    self._engine.collective_rpc("reload_weights",
+                                                kwargs={"weights_iterator": [(n, weights[n]) for n in sent]})
         self.weight_version = version
 
     def sleep(self) -> None:
@@ -244,6 +262,53 @@ class VllmEngine:
         shutdown = getattr(engine, "shutdown", None) or getattr(engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _packed_modules(model) -> dict[str, list[str]]:
+    """vLLM's fused layer -> the checkpoint modules it holds (`qkv_proj` -> q/k/v_proj), of `model`."""
+    return {fused: list(parts) for fused, parts in getattr(model, "packed_modules_mapping", {}).items()}
+
+
+def whole_layers(state_names: Iterable[str], names: Iterable[str], packed: Mapping[str, Sequence[str]],
+                 tied: bool) -> list[str]:
+    """The names of `state_names` (in their order) a partial reload of `names` sends to vLLM: every
+    tensor of every vLLM layer a name in `names` falls in, so that each layer reloaded is reloaded
+    whole. A checkpoint module listed in `packed` (fused -> parts) lives in its fused layer; a tied
+    `lm_head` is the embedding."""
+    fused_of = {part: fused for fused, parts in packed.items() for part in parts}
+
+    def layer_of(name: str) -> str:
+        module, _, _leaf = name.rpartition(".")
+        if tied and module == "lm_head":
+            module = "model.embed_tokens"
+        parent, _, leaf_module = module.rpartition(".")
+        return f"{parent}.{fused_of.get(leaf_module, leaf_module)}"
+
+    touched = {layer_of(n) for n in names}
+    return [n for n in state_names if layer_of(n) in touched]
+
+
+class _DropUntouchedLayerWarnings(logging.Filter):
+    """vLLM's warnings that a layer got no weights in a reload, or that weights were not loaded: what a
+    partial reload means to happen (those layers keep the tensors they hold)."""
+
+    MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in self.MESSAGES
+
+
+@contextlib.contextmanager
+def _quiet_untouched_layers():
+    loggers = [logging.getLogger("vllm.model_executor.model_loader.reload." + m) for m in ("layerwise", "inplace")]
+    quiet = _DropUntouchedLayerWarnings()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
 
 
 def _sampled_logprob(entry, token: int) -> float:

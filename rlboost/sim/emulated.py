@@ -29,8 +29,9 @@ through its engine factory (`EmulatedEngines`), as it builds rlboost's own engin
 - Timing assumes every prompt is `workload.prompt_len` tokens long (as the simulator does); the
   actual prompt's length only fixes where the response starts.
 - Weights: with a model skeleton (`worker="rollout"`), `load_weights` copies the pulled tensors in,
-  as the real engine does; without one (`worker="light"`) it keeps only the version, and the
-  worker's process never imports torch (pulls still fetch and verify every byte). Speculative
+  as the real engine does (only the parameters `names` names, for a partial load); without one
+  (`worker="light"`) it keeps only the version and ignores `names`, and the worker's process never
+  imports torch (pulls still fetch and verify every byte). Speculative
   decoding is not emulated (`drafter` is ignored). No Ray here.
 """
 
@@ -49,6 +50,7 @@ from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed, hash64, uniform
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
+from rlboost.engine.weight_copy import copy_weights
 from rlboost.sim.batching import EngineState
 from rlboost.sim.profile import EngineProfile, ProfileConfig, TrainProfile, make_profiles
 from rlboost.sim.specs import MODELS
@@ -401,15 +403,16 @@ class EmulatedEngine:
 
     # ---- weights and memory ----------------------------------------------------------------------
 
-    def load_weights(self, state_dict: Mapping | None, version: int) -> None:
-        """Tag `version`; with a model skeleton, first copy the state dict into it in place (checked
-        as the real engine checks it)."""
+    def load_weights(self, state_dict: Mapping | None, version: int, names: Iterable[str] | None = None) -> None:
+        """Tag `version`; with a model skeleton, first copy the state dict (or only the parameters
+        `names` names) into it in place, checked as the real engine checks it. Without one there is
+        nothing to copy, so `names` is ignored."""
         self.book.require_idle("load_weights")
         if self.model is not None and state_dict is not None:
             params = dict(self.model.named_parameters())
-            check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version)
-            for name, param in params.items():
-                param.data.copy_(state_dict[name])
+            names = None if names is None else list(names)
+            check_weights(params, set(self.model.state_dict()) - set(params), state_dict, version, names)
+            copy_weights(self.model, state_dict, names)
         self.weight_version = version
 
     def sleep(self) -> None:
