@@ -155,7 +155,7 @@ def test_the_docs_table_runs_both_pulls_with_the_shares_given(capsys):
         assert r["join_pull_s"] == pytest.approx(r["from_base_share"] * TRAIN.weight_sync_s(10.0))
         assert r["refresh_s"] == pytest.approx(r["patch_share"] * TRAIN.weight_sync_s(10.0))
     assert markdown(table).splitlines()[2].startswith("| qwen3-8b | 10 Gbit/s | full | 60 + 13.1 s | 13.1 s |")
-    assert markdown(table).splitlines()[3].startswith("| qwen3-8b | 10 Gbit/s | patches 0.01 / 0.1 | 60 + 1.3 s |")
+    assert markdown(table).splitlines()[3].startswith("| qwen3-8b | 10 Gbit/s | patches 0.01 / 0.1 | 60 + 1.31 s | 0.13 s |")
 
 
 @pytest.mark.parametrize("argv, message", [(["--patch-share", "2"], "error: simulate.patch_share must be in (0, 1]"),

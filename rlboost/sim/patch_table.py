@@ -48,6 +48,10 @@ def rows(base: SimConfig, links: list[float], patch_share: float, from_base_shar
     return sorted(out, key=lambda r: (list(models).index(r["model"]), r["link_gbps"], r["pulls"]))
 
 
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value >= 10 else f"{value:.2f} s"
+
+
 def markdown(table_rows: list[dict]) -> str:
     segments = list(table_rows[0]["segments"]) if table_rows else []
     lines = ["| model | link | pulls | join: boot + pull | refresh | throughput vs veRL | cost efficiency vs veRL "
@@ -57,7 +61,7 @@ def markdown(table_rows: list[dict]) -> str:
         pulls = "full" if r["pulls"] == "full" else f"patches {r['patch_share']:g} / {r['from_base_share']:g}"
         per_segment = " / ".join(f"{v:.2f}x" for v in r["segments"].values())
         lines.append(f"| {r['model']} | {r['link_gbps']:g} Gbit/s | {pulls} "
-                     f"| {r['startup_s']:g} + {r['join_pull_s']:.1f} s | {r['refresh_s']:.1f} s "
+                     f"| {r['startup_s']:g} + {_seconds(r['join_pull_s'])} | {_seconds(r['refresh_s'])} "
                      f"| {r['throughput_rel_verl']:.2f}x | {r['cost_efficiency_rel_verl']:.2f}x | {per_segment} "
                      f"| {r['instances_mean']:.1f} | {r['preemptions']:.1f} |")
     return "\n".join(lines)
