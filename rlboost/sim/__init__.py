@@ -2,8 +2,8 @@
 (`specs`), the roofline performance profiles of rollout engines and training (`profile`), how an engine
 batches samples through time (`batching`), the veRL baseline (`baselines`), the response-length
 workload (`workload`), the event-driven cluster (`cluster`, recording `records`, a shell around the runtime's own
-`rlboost.rollout.step_state.StepState`) and the runs of every policy (`simulator`:
-`simulate(SimConfig(...))`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
+`rlboost.rollout.step_state.StepState`; what its weight pulls move: `pulls`) and the runs of every policy
+(`simulator`: `simulate(SimConfig(...))`; full pulls against patches: `patch_table`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
 the real runtime run at the profile's speed; it is the one module here that the runtime loads."""
 
 from rlboost._lazy import lazy_exports

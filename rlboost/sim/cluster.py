@@ -6,14 +6,14 @@ would start at or after `duration_s`, and returns one `StepRecord` per step. Eve
 step is taken by the runtime's own `StepState` (rlboost.rollout.step_state): the seeding hand-off,
 the colocated fallback, dispatch (`JSQDispatcher`), balancing (`Balancer` with one `ThroughputProfile`
 per engine), which samples move, migration and waste, group completion. This module is its shell,
-as the Ray manager is the runtime's: it turns engine completions, trace events and weight pulls into
-StepState events at their simulated times, and carries out the commands that come back (a submit or
-an abort acts on the engine's `EngineState`, rlboost.sim.batching, at once). Around the step it plays
-the policies that act between steps: the runtime's own `OffloadLoop` (T_seed, memory M[n], the
-instance cap), `HistoPipe` (dispatch order, overruns), `TraceReplay` (which instances start, get
-warned, killed, released) and `CostMeter` (dollars). Time is continuous and jumps from event to event; nothing is
-simulated token by token. Pure: no clock, no Ray, no torch; the only randomness is the trace
-replay's seeded choice of victims.
+as the Ray manager is the runtime's: it turns engine completions, trace events and weight pulls (a
+patch, from the base or whole: `rlboost.sim.pulls`) into StepState events at their simulated times,
+and carries out the commands that come back (a submit or an abort acts on the engine's `EngineState`,
+rlboost.sim.batching, at once). Around the step it plays the policies that act between steps: the
+runtime's own `OffloadLoop` (T_seed, memory M[n], the instance cap), `HistoPipe` (dispatch order,
+overruns), `TraceReplay` (which instances start, get warned, killed, released) and `CostMeter`
+(dollars). Time is continuous and jumps from event to event; nothing is simulated token by token.
+Pure: no clock, no Ray, no torch; the only randomness is the trace replay's seeded choice of victims.
 
 Streaming, as the simulator sees it: nothing depends on the chunks in between, so a sample's tokens
 are reported when it finishes, or when its engine is hard-killed: then the complete chunks of
@@ -47,6 +47,7 @@ from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone,
 from rlboost.sim.batching import EngineState
 from rlboost.sim.members import SimEngine, SimInstance
 from rlboost.sim.profile import EngineProfile, TrainProfile
+from rlboost.sim.pulls import PullTimes
 from rlboost.sim.records import InstanceMeter, StepRecord
 from rlboost.sim.workload import Workload
 from rlboost.spot.cost import CostMeter
@@ -80,9 +81,10 @@ class ClusterRun:
         self.balancer = Balancer()
         self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
-        # provisioning: an instance serves instance_startup_s + this after its launch
-        self.pull_s = train.weight_sync_s(cfg.link_gbps, cfg.wire_dtype)
-        self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype)
+        self.pulls = PullTimes(train.weight_sync_s(cfg.link_gbps, cfg.wire_dtype), cfg.patch_share, cfg.from_base_share)
+        # the reserved engines always hold the version before the one published: their syncs are patches
+        self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype) * cfg.patch_share
+        self.longest_pull_s = self.pulls.longest_planned_s  # and any longer pull seen (the share's grace)
         self.engines_per_instance = cfg.gpus_per_instance // engine.tp
         # An instance too small for one engine of the model cannot serve it: none is rented.
         self.replay = (TraceReplay(trace, cfg.seed, cfg.notice_s, cfg.trace.max_instances)
@@ -258,7 +260,7 @@ class ClusterRun:
         self.k = k
         self.step_start = self.now
         self.step_tokens0 = self.tokens_generated
-        self.step_inst_s0 = self._instance_seconds()
+        self.step_inst_s0 = self.instances_held.seconds(self.now)
         self.st_preemptions, self.step_provision = 0, []  # the instances' launch-to-serving times
         self._replay_step()
         self.instances_start = len(self.instances)
@@ -288,7 +290,7 @@ class ClusterRun:
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
             seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
-            progress=self._progress, longest_pull_s=self.pull_s,
+            progress=self._progress, longest_pull_s=self.longest_pull_s,
             outlook=plan.outlook if plan is not None and self.colocated else None)
         for e in self.reserved:
             step.join(e.name, RESERVED, self.max_running, e.profile)
@@ -351,7 +353,7 @@ class ClusterRun:
                 preemptions=self.st_preemptions, wall_s=self.now - self.step_start, train_s=self.train_compute,
                 wait_train_s=self.wait_train, remote_s=self.remote_s, wait_remote_s=self.wait_remote,
                 samples=len(self.lengths), response_tokens=sum(self.lengths.values()),
-                instance_s=self._instance_seconds() - self.step_inst_s0, provision_s=self.step_provision,
+                instance_s=self.instances_held.seconds(self.now) - self.step_inst_s0, provision_s=self.step_provision,
                 measured=self.step.stats.offload_measurements()))
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
@@ -360,8 +362,7 @@ class ClusterRun:
         for inst in self.instances.values():
             if inst.version is not None:
                 inst.version = None
-                inst.pull_started = self.now
-                self._push(self.now + self.pull_s, _PULLED, inst.name, self.published)
+                self._pull(inst)
         self._push(self.now + self.sync_s, _START, self.k + 1, None)
 
     def _close_step(self) -> None:
@@ -371,7 +372,7 @@ class ClusterRun:
             raise RuntimeError(f"step {self.k}: {stats.stale_chunks} chunks of attempts already taken back: the "
                                "simulator's engines and the step disagree")
         wall = self.now - self.step_start
-        inst_s = self._instance_seconds() - self.step_inst_s0
+        inst_s = self.instances_held.seconds(self.now) - self.step_inst_s0
         tokens = sum(self.lengths.values())
         usd = self.meter.charge_step(wall, inst_s, tokens)["cost/usd"]
         rollout_s = self.rollout_end - self.step_start
@@ -396,9 +397,6 @@ class ClusterRun:
         self.done = True
 
     # ---- instances ---------------------------------------------------------------------------------
-
-    def _instance_seconds(self) -> float:
-        return self.instances_held.seconds(self.now)
 
     def _replay_step(self) -> None:
         if self.replay is None or self.done:
@@ -429,18 +427,24 @@ class ClusterRun:
             return
         inst.booted = True
         inst.engines = [self._new_engine(f"{name}/e{j}", name) for j in range(self.engines_per_instance)]
-        inst.pull_started = self.now
-        self._push(self.now + self.pull_s, _PULLED, name, self.published)
+        self._pull(inst)
         if self._in_step():
             self._join(inst)
+
+    def _pull(self, inst: SimInstance) -> None:
+        """Start pulling the newest version: a patch, from the base or whole, by what `inst` holds."""
+        inst.pull_started = self.now
+        inst.pull_s = self.pulls.seconds(inst.holds, self.published)
+        self._push(self.now + inst.pull_s, _PULLED, inst.name, self.published)
 
     def _pulled(self, name: str, version: int) -> None:
         inst = self.instances.get(name)
         if inst is None:
             return
+        inst.holds = version
+        self.longest_pull_s = max(self.longest_pull_s, inst.pull_s)
         if version != self.published:  # a newer version came out during the pull: pull that one
-            inst.pull_started = self.now
-            self._push(self.now + self.pull_s, _PULLED, name, self.published)
+            self._pull(inst)
             return
         inst.version = version
         if not inst.served:
@@ -448,7 +452,7 @@ class ClusterRun:
             self.step_provision.append(self.now - inst.launched)
         if self._in_step() and version == self.k:
             for e in inst.engines:
-                self.step.ready(e.name, self.now, self.pull_s)
+                self.step.ready(e.name, self.now, inst.pull_s)
 
     def _doom(self, name: str) -> None:
         """A preemption notice: the instance gets no more work, and its samples are taken back now

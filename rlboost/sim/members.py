@@ -33,7 +33,11 @@ class SimInstance:
     booted: bool = False
     version: int | None = None  # the weights it serves; None while booting or pulling
     doomed: bool = False
+    holds: int | None = None
+    """The newest version whose weights it holds, also while pulling a newer one; None: only the base
+    model from its own disk (booting, or in its first pull)."""
     pull_started: float = 0.0
+    pull_s: float = 0.0  # how long its latest pull takes
     served: bool = False  # it has held the newest weights once: provisioned
 
 

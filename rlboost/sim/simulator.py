@@ -95,8 +95,9 @@ class SimConfig:
     the clouds' GPU VMs with a cached image; the instance is billed from its launch."""
     link_gbps: float = 50.0
     """Bandwidth of a spot instance's link, Gbit/s: its weight pull (at join, and of every new version
-    while it serves) takes the version's bytes (`wire_dtype`) / this, so an instance serves
-    instance_startup_s + bytes x 8 / (link_gbps x 1e9) after its launch. 50: the network of a 2-GPU
+    while it serves) takes the bytes it moves / this: the version's bytes (`wire_dtype`) times
+    from_base_share at a join, patch_share at a refresh. So an instance serves instance_startup_s +
+    bytes x from_base_share x 8 / (link_gbps x 1e9) after its launch. 50: the network of a 2-GPU
     cloud VM (the pulls are peer to peer, so they never queue on one link)."""
     wire_dtype: str = "bfloat16"
     """The dtype a weight version moves in (rlboost.sim.specs.WIRE_DTYPES), for the instances' pulls
@@ -104,6 +105,18 @@ class SimConfig:
     bfloat16: what the paper's systems send (2 bytes per parameter). float32: what rlboost's own
     trainer publishes today (its fp32 master parameters, 4 bytes; `weight_bytes_per_join` of
     `rlboost bench cluster`). veRL's colocated sync stays bf16 (its own in-place resharding)."""
+    patch_share: float = 1.0
+    """Share of a version's bytes (`wire_dtype`) a refresh moves: a puller that holds version v-1
+    pulls the lossless sparse patch v-1 -> v (rlboost.sim.pulls). It applies to the instances that
+    served v-1 and to the reserved engines' sync (they always hold v-1); an instance two or more
+    versions behind pulls the whole version; veRL's colocated sync stays whole. 1.0: whole versions
+    (full pulls, what the model always assumed). Measured so far on SmolLM2, bf16, lr 1e-6:
+    0.005-0.03 per step (docs/simulator.md, "Weight patches")."""
+    from_base_share: float = 1.0
+    """Share of a version's bytes a joining instance moves: it loads the base model from its own disk
+    (within instance_startup_s) and pulls the cumulative patch base -> v, or the whole version where
+    that patch is larger (so at most 1). Constant over the run, though the real share grows with
+    the steps; not measured yet (assumed ~0.05-0.15). 1.0: whole versions."""
     stream_interval: int = 8
     """Tokens per streamed chunk: a hard preemption loses the unstreamed tokens of each in-flight
     sample, fewer than this many (bounded waste, DESIGN.md invariant 4)."""
@@ -169,6 +182,10 @@ class SimConfig:
             raise ValueError(f"{_PREFIX}.link_gbps must be finite and > 0 (Gbit/s), got {self.link_gbps}")
         if self.wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"{_PREFIX}.wire_dtype={self.wire_dtype!r}; valid: {', '.join(WIRE_DTYPES)}")
+        for name in ("patch_share", "from_base_share"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:  # also refuses nan
+                raise ValueError(f"{_PREFIX}.{name} must be in (0, 1] (a share of a version's bytes), got {value}")
         if self.duration_s <= 0:
             raise ValueError(f"{_PREFIX}.duration_s must be > 0, got {self.duration_s}")
         self.trace.validate()
