@@ -19,21 +19,22 @@ class RewardConfig:
     built-in tasks, math-verify for everything else)."""
 
     name: str = "compute_score"
-    """The function's name in that file (veRL: custom_reward_function.name). It is called as
-    fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) and returns a number, a bool,
-    or a dict with a `score` key."""
+    """The function's name in that file (veRL: custom_reward_function.name). It is called, in a reward
+    worker process, as fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...) and
+    returns a number, a bool, or a dict with a `score` key."""
 
     on_error: str = "raise"
     """What a failing call does: one that raises (any exception, math-verify's TimeoutException and
     SystemExit included), returns a bad value, runs past `timeout_s`, or kills its worker process.
-    `raise`: the run stops with one line naming the sample. `zero`: that response scores 0.0, is
-    counted in the metric reward/errors (and, if it ran past `timeout_s`, in reward/timeouts too), and
-    the first such error is logged with its traceback."""
+    `raise`: the run stops with one line naming the sample (the call's traceback goes to run.log).
+    `zero`: that response scores 0.0, is counted in the metric reward/errors (and, if it ran past
+    `timeout_s`, in reward/timeouts too), and the first such error is logged, its traceback in run.log."""
 
     num_workers: int = 4
-    """Worker processes that score responses in parallel (`rlboost.rewards.pool`). The function runs
-    only there, never in the driver: each worker imports `path` itself, with Ray's variables (its
-    token among them) removed from its environment. Started once per run, before Ray."""
+    """Worker processes that score responses in parallel (`rlboost.rewards.pool`), one call at a time
+    each. The function runs only there, never in the driver: each worker imports `path` itself, with
+    every RAY_* variable (Ray's token among them) removed from its environment. Started once per run,
+    before Ray, and ended with it."""
 
     timeout_s: float = 30.0
     """Longest a single call may run, in seconds. A call past it has its worker killed and replaced

@@ -73,8 +73,10 @@ class _Worker:
     def __init__(self, path: str | None, name: str, start_timeout_s: float):
         ours, theirs = socket.socketpair()
         try:
+            # -P: the working directory is not on its path, as for the `rlboost` command, so a file
+            # there named like a module (json.py) does not replace that module in the worker
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "rlboost.rewards.worker", str(theirs.fileno()), str(os.getpid())],
+                [sys.executable, "-P", "-m", "rlboost.rewards.worker", str(theirs.fileno()), str(os.getpid())],
                 pass_fds=(theirs.fileno(),), env=worker_env(), stdin=subprocess.DEVNULL,
                 start_new_session=True)
         except BaseException:
