@@ -13,12 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
-import numbers
 import threading
 from typing import Any
-
-import numpy as np
 
 from rlboost.rewards.config import ON_ERROR, RewardConfig
 from rlboost.rewards.errors import RewardFunctionError
@@ -27,17 +23,6 @@ from rlboost.rewards.pool import Outcome, RewardPool
 logger = logging.getLogger("rlboost.rewards")
 
 SCORES = "a finite number, a bool, or a dict with a 'score' key"
-
-
-def as_score(value: Any) -> float | None:
-    """The float a reward function's return value stands for, or None if it is not a score."""
-    if isinstance(value, dict) and "score" in value:
-        value = value["score"]
-    # numbers.Real covers bool and numpy's numeric scalars; a str "1.0" is deliberately not a score.
-    if isinstance(value, (numbers.Real, np.bool_)):
-        score = float(value)
-        return score if math.isfinite(score) else None
-    return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +41,8 @@ class ScoreRequest:
 
 
 class RewardScorer:
+    """The run's scorer: its reward workers and the on_error policy (see the module's contract)."""
+
     def __init__(self, pool: RewardPool, on_error: str = "raise"):
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")

@@ -13,6 +13,8 @@ parent: a hard-killed run leaves no worker behind, not even one stuck in a call.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import pickle
 import signal
@@ -23,14 +25,29 @@ import time
 import traceback
 from typing import Any, Callable
 
+import numpy as np
+
 from rlboost.rewards.config import RewardConfig
 from rlboost.rewards.errors import RewardConfigError
 from rlboost.rewards.loading import load_reward_fn
-from rlboost.rewards.scoring import as_score
 from rlboost.rewards.wire import MAX_TEXT_CHARS, encode_reply, recv_frame, send_frame
 
 PARENT_POLL_S = 0.5
 """How often a worker checks that the driver is still its parent (how long an orphan outlives it)."""
+
+
+def as_score(value: Any) -> float | None:
+    """The float a reward function's return value stands for, or None if it is not a score."""
+    if isinstance(value, dict) and "score" in value:
+        value = value["score"]
+    # numbers.Real covers bool and numpy's numeric scalars; a str "1.0" is deliberately not a score.
+    if isinstance(value, (numbers.Real, np.bool_)):
+        try:
+            score = float(value)
+        except OverflowError:  # an int past float's range
+            return None
+        return score if math.isfinite(score) else None
+    return None
 
 
 def call(fn: Callable, kwargs: dict[str, Any]) -> dict:
