@@ -1,11 +1,13 @@
 """Assembling a run of `rlboost train` from its config, and taking it apart again.
 
 Everything that can be wrong with the input (config, data, reward function, model path, prompt
-lengths, the spot trace file) is checked in `setup`, before Ray or any worker starts. `setup` then
+lengths, the spot trace file) is checked in `setup`, before Ray or any worker starts (the reward
+function by the reward workers, which import it: the driver never does). `setup` then
 starts the run's Ray once (a `Cluster`, when hybrid rollout or trainer ranks need one), builds the
 trainer (in this process, or as ranks on the cluster), restores the latest checkpoint if resuming,
 and builds the rollout backend of `rollout.mode` serving exactly the trainer's weights.
-`RunParts.close` tears it down in reverse: trainer ranks, rollout workers, then Ray. The training
+`RunParts.close` tears it down in reverse: trainer ranks, rollout workers, Ray, then the reward
+workers, whatever went wrong before. The training
 loop itself is `rlboost.train`.
 """
 
@@ -29,7 +31,7 @@ from rlboost.engine.factory import engine_gpus, make_engine
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.models import load_model
 from rlboost.policies.histopipe import HistoPipe
-from rlboost.rewards import RewardScorer, load_reward_fn
+from rlboost.rewards import RewardScorer
 from rlboost.rollout import ColocatedRollout, RolloutBackend
 from rlboost.run_dir import run_folder
 from rlboost.spot import CostMeter, load_trace
@@ -71,15 +73,31 @@ class RunParts:
     uses none)."""
 
     def close(self) -> None:
-        """Trainer ranks first (they live on the rollout's Ray in hybrid mode), then the rollout, then Ray."""
-        close_all(self.trainer, self.rollout, self.cluster)
+        """Trainer ranks first (they live on the rollout's Ray in hybrid mode), then the rollout, then Ray;
+        the reward workers whatever happened before."""
+        try:
+            close_all(self.trainer, self.rollout, self.cluster)
+        finally:
+            self.scorer.close()
 
 
 def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None = None) -> RunParts:
     """Check every input, build engine and trainer, and restore the latest checkpoint if resuming.
     `run_dir`: the run folder (default: where `run` config puts it)."""
     validate(cfg)
-    scorer = RewardScorer(load_reward_fn(cfg.reward), cfg.reward.on_error)
+    # The reward workers load the reward function (a set-up error if they cannot) before Ray starts;
+    # they never get its token either way (rlboost.rewards.pool).
+    scorer = RewardScorer.start(cfg.reward)
+    try:
+        return build(cfg, config_path, run_dir, scorer)
+    except BaseException:
+        scorer.close()
+        raise
+
+
+def build(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None,
+          scorer: RewardScorer) -> RunParts:
+    """`setup` past the reward workers: data, model, Ray, trainer, rollout, the restored checkpoint."""
     train_rows, val_rows = load_datasets(cfg.data)
     policy = load_model(cfg.model)
     if policy.tokenizer is None:

@@ -27,7 +27,7 @@ from rlboost.assembly import RunParts, setup, trainer_weights
 from rlboost.checkpoint import save_checkpoint
 from rlboost.config import RLBoostConfig
 from rlboost.engine import SamplingParams
-from rlboost.rewards import RewardScorer
+from rlboost.rewards import RewardScorer, ScoreRequest
 from rlboost.rollout import Group, new_groups
 from rlboost.run_dir import run_folder
 from rlboost.run_log import run_log
@@ -106,7 +106,7 @@ class Run(RunParts):
         def scored(stream):
             for group in stream:
                 with timed(metrics, "reward"):
-                    score(group, self.scorer, self.tokenizer)
+                    score([group], self.scorer, self.tokenizer)
                 check_on_policy([group], version=step - 1)
                 finished.append(group)
                 yield group
@@ -123,7 +123,7 @@ class Run(RunParts):
             self.rollout.publish(trainer_weights(self.trainer, self.cfg, step), version=step)
         self.version = step
         metrics |= rollout_metrics(finished)
-        metrics["reward/errors"] = float(self.scorer.pop_num_errors())
+        metrics |= self.scorer.pop_metrics()
         metrics["training/global_step"] = float(step)
         metrics["training/epoch"] = float(self.loader.epoch)
         return metrics
@@ -135,9 +135,9 @@ class Run(RunParts):
         groups = new_groups(-1, prompts, self.cfg.rollout.val_n, self.cfg.run.seed)
         params = self.sampling(self.cfg.rollout.val_temperature)
         done = list(self.rollout.generate(groups, params, self.version, training=False))
+        score(done, self.scorer, self.tokenizer)  # all at once: the reward workers share them out
         by_source: dict[str, list[float]] = {}
         for group in done:
-            score(group, self.scorer, self.tokenizer)
             by_source.setdefault(group.data_source, []).extend(s.reward for s in group.samples)
         samples = [s for g in done for s in g.samples]
         metrics = {"val/score/mean": float(np.mean([s.reward for s in samples])),
@@ -168,11 +168,15 @@ def check_on_policy(groups: list[Group], version: int) -> None:
                                    f"but this step's weights are version {version}")
 
 
-def score(group: Group, scorer: RewardScorer, tokenizer) -> None:
-    for s in group.samples:
-        text = tokenizer.decode(s.response_ids, skip_special_tokens=True)
-        s.reward = scorer.score(f"sample {s.uid} (step:prompt:sample, training row {group.row_index})",
-                                group.data_source, text, group.ground_truth, group.extra_info)
+def score(groups: list[Group], scorer: RewardScorer, tokenizer) -> None:
+    """Set every sample's reward, scored in the reward workers (`rlboost.rewards`)."""
+    samples = [(g, s) for g in groups for s in g.samples]
+    rewards = scorer.score([
+        ScoreRequest(f"sample {s.uid} (step:prompt:sample, training row {g.row_index})", g.data_source,
+                     tokenizer.decode(s.response_ids, skip_special_tokens=True), g.ground_truth, g.extra_info)
+        for g, s in samples])
+    for (_, s), reward in zip(samples, rewards):
+        s.reward = reward
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:

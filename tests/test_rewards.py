@@ -1,17 +1,19 @@
-"""Rewards: built-in scoring rules, custom functions loaded from files, the on_error policy."""
+"""Rewards: built-in scoring rules, custom functions loaded from files, what a worker makes of a call.
+The worker processes and the on_error policy: test_reward_pool.py."""
 
 from __future__ import annotations
 
-import logging
 import sys
 import threading
 
 import numpy as np
 import pytest
 
-from rlboost.rewards import (RewardConfig, RewardConfigError, RewardFunctionError, RewardScorer,
-                             arithmetic_score, compute_score, countdown_score, load_reward_fn, math_score)
+from rlboost.rewards import (RewardConfig, RewardConfigError, arithmetic_score, compute_score, countdown_score,
+                             load_reward_fn, math_score)
 from rlboost.rewards.loading import _module_name
+from rlboost.rewards.wire import ReplyError, encode_reply, parse_reply
+from rlboost.rewards.worker import call
 
 
 @pytest.mark.parametrize("solution,score", [
@@ -42,6 +44,24 @@ def test_arithmetic_signs_and_thousands():
     assert arithmetic_score("Answer: 1,234", "1234") == 1.0
     assert arithmetic_score("Answer: 12,34", "1234") == 0.0
     assert arithmetic_score("Answer: 1234.5", "1234") == 0.0
+    assert arithmetic_score("Answer: 007", "7") == 1.0
+    assert arithmetic_score("Answer: -0", "0") == 1.0
+    assert arithmetic_score("Answer: +82", 82) == 1.0
+    assert arithmetic_score("Answer: ٨٢", "82") == 1.0  # other scripts' digits, as int() reads them
+    with pytest.raises(ValueError, match="ground truth must be an integer"):
+        arithmetic_score("Answer: 8", "eight")
+
+
+def test_arithmetic_numbers_of_any_length():
+    """int() refuses a string of over 4300 digits (Python's int-string limit): a model that wrote one
+    crashed the built-in reward, which stopped the run under on_error=raise."""
+    huge = "9" * 5000
+    assert arithmetic_score(f"Answer: {huge}", huge) == 1.0
+    assert arithmetic_score(f"Answer: -{huge}", f"-{huge}") == 1.0
+    assert arithmetic_score(f"Answer: {huge}8", huge) == 0.0
+    assert arithmetic_score(f"Answer: {huge}", "82") == 0.0
+    assert compute_score("arithmetic", f"Answer: {huge}", "82") == 0.0
+    assert compute_score("math", f"\\boxed{{{huge}}}", "82") == 0.0  # math-verify: a parse failure, not a crash
 
 
 COUNTDOWN = {"target": 16, "numbers": [2, 3, 5]}
@@ -128,6 +148,11 @@ def test_config_target_and_validate():
         RewardConfig(name="not a name").validate()
     with pytest.raises(ValueError, match="reward.path"):
         RewardConfig(path=" ").validate()
+    for key, bad in (("num_workers", 0), ("num_workers", 1.5), ("num_workers", True), ("timeout_s", 0),
+                     ("timeout_s", float("nan")), ("timeout_s", float("inf")), ("start_timeout_s", -1),
+                     ("start_timeout_s", "10")):
+        with pytest.raises(ValueError, match=f"reward.{key} must be"):
+            RewardConfig(**{key: bad}).validate()
 
 
 def test_load_builtin_and_custom(tmp_path, monkeypatch):
@@ -183,54 +208,49 @@ def test_load_errors(tmp_path, source, name, pattern):
         assert _module_name(path.resolve()) not in sys.modules, "a failed import leaves no module behind"
 
 
-def test_scorer_return_values():
-    def fixed(value):
-        return RewardScorer(lambda data_source, solution_str, ground_truth, extra_info=None: value)
+def test_call_return_values():
+    """What a worker makes of what the function returns (rlboost.rewards.worker.call, in process)."""
+    def returning(value):
+        return lambda data_source, solution_str, ground_truth, extra_info=None: value
 
-    assert fixed(1).score("s", "d", "", "") == 1.0
-    assert fixed(True).score("s", "d", "", "") == 1.0
-    assert fixed(np.float32(0.25)).score("s", "d", "", "") == 0.25
-    assert fixed(np.bool_(False)).score("s", "d", "", "") == 0.0
-    assert fixed({"score": 0.5, "acc": True}).score("s", "d", "", "") == 0.5
-    for bad in (None, "1.0", float("nan"), float("inf"), {"acc": 1.0}, [1.0]):
-        with pytest.raises(RewardFunctionError, match=r"returned .* on sample 'q3/r1' \(data_source 'd'\)"):
-            fixed(bad).score("q3/r1", "d", "", "")
+    kwargs = {"data_source": "d", "solution_str": "", "ground_truth": "", "extra_info": None}
+    for value, score in ((1, 1.0), (True, 1.0), (np.float32(0.25), 0.25), (np.bool_(False), 0.0),
+                         ({"score": 0.5, "acc": True}, 0.5)):
+        assert parse_reply(encode_reply(call(returning(value), kwargs))) == {"score": score}
+    for bad in (None, "1.0", float("nan"), float("inf"), {"acc": 1.0}, [1.0], 10 ** 400):
+        assert parse_reply(encode_reply(call(returning(bad), kwargs))) == {"returned": repr(bad)[:200]}
 
 
-def test_scorer_passes_arguments_by_keyword():
+def test_call_passes_arguments_by_keyword():
     seen = []
 
     def fn(solution_str, data_source, extra_info, ground_truth):
         seen.append((data_source, solution_str, ground_truth, extra_info))
         return 0.0
 
-    RewardScorer(fn).score("s", "gsm8k", "text", "7", {"index": 1})
+    call(fn, {"data_source": "gsm8k", "solution_str": "text", "ground_truth": "7", "extra_info": {"index": 1}})
     assert seen == [("gsm8k", "text", "7", {"index": 1})]
 
 
-def raising(data_source, solution_str, ground_truth, extra_info=None):
-    raise KeyError("target")
+def test_call_turns_whatever_is_raised_into_a_reply():
+    """SystemExit and math-verify's TimeoutException are BaseExceptions: `except Exception` let them
+    through and they ended the run under on_error=zero too."""
+    from math_verify.errors import TimeoutException
+
+    kwargs = {"data_source": "d", "solution_str": "", "ground_truth": "", "extra_info": None}
+    for error, text in ((KeyError("target"), "KeyError: 'target'"), (SystemExit(3), "SystemExit: 3"),
+                        (TimeoutException("Operation timed out!"), "TimeoutException: Operation timed out!")):
+        def fn(data_source, solution_str, ground_truth, extra_info=None, error=error):
+            raise error
+
+        reply = parse_reply(encode_reply(call(fn, kwargs)))
+        assert reply["raised"] == text and "Traceback" in reply["traceback"] and "raise error" in reply["traceback"]
 
 
-def test_scorer_raise():
-    with pytest.raises(RewardFunctionError) as info:
-        RewardScorer(raising).score("step3/prompt5/resp2", "countdown", "Answer: 1", {})
-    message = str(info.value)
-    assert "step3/prompt5/resp2" in message and "countdown" in message and "KeyError" in message
-    assert "'target'" in message and isinstance(info.value.__cause__, KeyError)
-
-
-def test_scorer_zero(caplog):
-    scorer = RewardScorer(raising, on_error="zero")
-    with caplog.at_level(logging.ERROR, logger="rlboost.rewards"):
-        assert [scorer.score(f"s{i}", "countdown", "", {}) for i in range(3)] == [0.0] * 3
-    assert scorer.num_errors == 3
-    assert scorer.pop_num_errors() == 3 and scorer.num_errors == 0
-    assert len(caplog.records) == 1, "only the first error is logged"
-    record = caplog.records[0]
-    assert "s0" in record.getMessage() and record.exc_info is not None
-    assert "KeyError" in caplog.text and "Traceback" in caplog.text
-    bad = RewardScorer(lambda data_source, solution_str, ground_truth, extra_info=None: None, on_error="zero")
-    assert bad.score("s", "d", "", "") == 0.0 and bad.pop_num_errors() == 1
-    with pytest.raises(ValueError, match="on_error"):
-        RewardScorer(raising, on_error="skip")
+@pytest.mark.parametrize("payload", [
+    b"not json", b"[1]", b'{"score": "1.0"}', b'{"score": NaN}', b'{"score": true}', b'{"score": 1, "x": 2}',
+    b'{"raised": "E"}', b'{"ready": 1}', b'{"returned": null}',
+])
+def test_replies_are_checked_field_by_field(payload):
+    with pytest.raises(ReplyError):
+        parse_reply(payload)

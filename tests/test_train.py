@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -256,6 +257,56 @@ def test_a_crashing_reward_function_names_the_sample(tmp_path):
                 name="zeroed")
     m = metrics_of(run)[1]
     assert m["reward/errors"] == 16 and m["critic/score/mean"] == 0.0  # 4 prompts x 4 responses
+    assert m["reward/timeouts"] == 0
+
+
+HANGING_REWARD = """
+import os, time
+
+with open(os.environ["RLBOOST_TEST_REWARD_PIDS"], "a") as pids:  # the reward workers, as they start
+    pids.write(f"{os.getpid()}\\n")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    time.sleep(3600)
+"""
+
+
+def test_a_hanging_reward_function_is_timed_out_and_leaves_no_worker(tmp_path, monkeypatch):
+    """It froze the run: nothing timed it out. Now under on_error=raise the run ends with one line
+    naming the sample, and under zero it trains on zeros, counting them; either way no reward worker
+    is left (each hung one is killed and replaced, and the run's teardown ends the rest)."""
+    import psutil
+
+    reward, pids = tmp_path / "hang.py", tmp_path / "pids.txt"
+    reward.write_text(HANGING_REWARD)
+    monkeypatch.setenv("RLBOOST_TEST_REWARD_PIDS", str(pids))
+    common = [f"reward.path={reward}", f"reward.timeout_s={patience(0.5):.2f}", "run.test_freq=0"]
+
+    def running(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    def no_worker_left() -> bool:
+        started = [int(p) for p in pids.read_text().split()]
+        assert len(started) >= 4  # reward.num_workers (a replacement killed before its import: unrecorded)
+        return not [pid for pid in started if running(pid)]
+
+    code, out = run_cli(tmp_path, *common)
+    assert code == 1 and "Traceback" not in out, out
+    flat = " ".join(out.split())
+    assert re.search(r"error: reward function compute_score ran past reward\.timeout_s=\S+ s on sample "
+                     r"'sample 1:\d+:\d+ \(step:prompt:sample, training row \d+\)' \(data_source 'arithmetic'\)",
+                     flat), out
+    assert no_worker_left()
+
+    pids.unlink()
+    run = train(tmp_path, *common, "reward.on_error=zero", "run.total_steps=1", *QUIET, name="zeroed")
+    m = metrics_of(run)[1]
+    assert m["reward/errors"] == m["reward/timeouts"] == 16 and m["critic/score/mean"] == 0.0
+    assert no_worker_left()
 
 
 @pytest.mark.vllm

@@ -5,11 +5,13 @@ from __future__ import annotations
 import ast
 import re
 import threading
+import unicodedata
 from fractions import Fraction
 from typing import Any
 
 ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
 INTEGER = re.compile(r"[+-]?(\d+|\d{1,3}(,\d{3})+)")
+SIGNED_DIGITS = re.compile(r"[+-]?\d+")
 # Longer answers are not equations a model meant; the bound also keeps ast.parse cheap.
 MAX_EXPRESSION_CHARS = 300
 # Characters models like to write for the four operations.
@@ -34,11 +36,23 @@ def _strip_markup(text: str) -> str:
 
 
 def arithmetic_score(solution_str: str, ground_truth: Any) -> float:
-    """1.0 iff the answer is one integer equal to ground_truth (thousands commas allowed)."""
+    """1.0 iff the answer is one integer equal to ground_truth (thousands commas allowed), compared
+    digit by digit: any length (int() refuses strings of over 4300 digits, Python's int-string limit)."""
     answer = final_answer(solution_str)
     if answer is None or not INTEGER.fullmatch(answer):
         return 0.0
-    return float(int(answer.replace(",", "")) == int(str(ground_truth).strip()))
+    gold = str(ground_truth).strip()
+    if not SIGNED_DIGITS.fullmatch(gold):
+        raise ValueError(f"an arithmetic ground truth must be an integer, got {gold!r:.80}")
+    return float(_canonical_integer(answer.replace(",", "")) == _canonical_integer(gold))
+
+
+def _canonical_integer(text: str) -> str:
+    """`[+-]digits` as ASCII digits without leading zeros, a `+` sign, or the sign of zero (what
+    int() would make of it: other scripts' decimal digits count too)."""
+    sign, digits = ("-", text[1:]) if text[0] == "-" else ("", text.lstrip("+"))
+    digits = "".join(str(unicodedata.decimal(c)) for c in digits).lstrip("0") or "0"
+    return ("" if digits == "0" else sign) + digits
 
 
 def _evaluate(node: ast.AST, used: list[int]) -> Fraction:
@@ -83,12 +97,14 @@ def countdown_score(solution_str: str, ground_truth: dict) -> float:
 
 def math_score(solution_str: str, ground_truth: Any) -> float:
     """1.0 iff math-verify finds the response's answer equivalent to ground_truth. Unparsable input or
-    a math-verify failure or timeout scores 0.0: a wrong answer, not a crash."""
+    a math-verify failure or timeout scores 0.0: a wrong answer, not a crash. So does a number of over
+    4300 digits (sympy meets Python's int-string limit; math-verify reports it as a parse failure)."""
     import math_verify
     from math_verify.errors import TimeoutException  # a BaseException, so `except Exception` misses it
 
     # math-verify's timeouts use signal.alarm, which only the main thread may set; elsewhere it would
     # raise on every call (and score everything 0), so off the main thread it runs without timeouts.
+    # The reward workers call it in their main thread; reward.timeout_s bounds it everywhere.
     timeout = 5 if threading.current_thread() is threading.main_thread() else None
     try:
         gold = math_verify.parse(str(ground_truth), parsing_timeout=timeout)

@@ -1,4 +1,5 @@
-"""Importing a custom reward function from a Python file, with errors that say what to fix."""
+"""Importing a custom reward function from a Python file, with errors that say what to fix. A run does
+this in its reward workers only (`rlboost.rewards.worker`), never in the driver."""
 
 from __future__ import annotations
 
@@ -11,12 +12,9 @@ from typing import Callable
 
 from rlboost.rewards.builtin import compute_score
 from rlboost.rewards.config import RewardConfig
+from rlboost.rewards.errors import RewardConfigError
 
 CALL = "fn(data_source=..., solution_str=..., ground_truth=..., extra_info=...)"
-
-
-class RewardConfigError(ValueError):
-    """A reward function that cannot be loaded or cannot be called the way rewards are called."""
 
 
 def _module_name(path: Path) -> str:
