@@ -65,17 +65,24 @@ def test_removed_nodes_lose_no_sample(fleet):
 
 def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     """Peer to peer: after instances on their own nodes pulled a version, Ray's object directory lists
-    their nodes as holders of every bucket, so a later joiner can fetch from them, not only from the
-    trainer's node."""
+    their nodes as holders of every object they fetched (the full buckets of the version they joined
+    at, the patch of the next one), so a later joiner can fetch from them, not only from the trainer's
+    node."""
     import ray
 
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
-    fleet.publish(fleet.weights, version=1)  # a new version every live instance pulls
-    fleet.wait_ready(timeout_s=patience(120))
     holders = {h.node_id for h in fleet.manager.table.alive(PREEMPTIBLE)}
     assert len(holders) == 2
-    refs = [b.ref for b in fleet.manifest.buckets]
+    joined_at = fleet.manifest
+    refs = [b.ref for b in joined_at.buckets]
     locations = ray.experimental.get_object_locations(refs)
     for ref in refs:
+        assert holders <= set(locations[ref]["node_ids"]), locations[ref]
+    fleet.publish(fleet.weights, version=joined_at.version + 1)  # a new version every live instance pulls
+    fleet.wait_ready(timeout_s=patience(120))
+    patch = fleet.manifest.patch_from(joined_at.version, joined_at.checksum)
+    assert patch is not None  # the same tensors again: a patch of headers only
+    locations = ray.experimental.get_object_locations(patch.parts)
+    for ref in patch.parts:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]

@@ -17,8 +17,10 @@ Contract (DESIGN.md 2.2):
   up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
 - `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
   lock). `abort` returns each request's exact partial output.
-- A worker starts with its model's architecture and no trained weights (version -1); `pull` fetches a
-  published version from the weight store, verifies it and only then swaps it in (invariant 5).
+- A worker starts with its model's architecture and no trained weights (version -1); `pull` reaches a
+  published version (in full, by a patch from the version it serves, or from the base model on its
+  disk: `rlboost.cluster.host_copy`), verifies every bucket and only then swaps it in (invariant 5); a
+  patched version swaps in only the parameters whose bits changed.
 - The worker knows nothing of samples, steps or fencing: the manager decides what its reports mean.
 """
 
@@ -148,7 +150,8 @@ class RolloutWorker:
         reached = self.host.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
             try:
-                self.engine.load_weights(reached.weights, manifest.version)
+                # a patched version names what changed: the engine copies only those parameters
+                self.engine.load_weights(reached.weights, manifest.version, names=reached.changed)
             except BaseException:
                 self.host.drop()  # the engine keeps the version before: the next patch must not build on this one
                 raise
