@@ -86,3 +86,38 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     locations = ray.experimental.get_object_locations(patch.parts)
     for ref in patch.parts:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
+
+
+def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preempted(fleet):
+    """The instances that fetched a version's patch hold copies a joiner may fetch from (Ray's object
+    manager picks among the holders). Both are preempted (their nodes removed) while a joiner pulls
+    that patch from its base: the joiner still reaches the version, bit for bit (its checksum is the
+    store's), from the copy the publisher keeps."""
+    import dataclasses
+
+    import ray
+
+    fleet.replenish()
+    fleet.wait_ready(timeout_s=patience(120))
+    before = fleet.manifest
+    name = max(fleet.weights, key=lambda n: (fleet.weights[n].dim() == 2, -fleet.weights[n].numel()))  # a small matrix
+    fleet.publish(fleet.weights | {name: fleet.weights[name] + 0.25}, version=before.version + 1)
+    fleet.wait_ready(timeout_s=patience(120))
+    patch = fleet.manifest.patch_from_base()
+    assert patch is not None and patch.nbytes < fleet.manifest.nbytes / 10
+    holders = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)
+    fleet.manager.pulls.take_stats()
+    fleet.spec = dataclasses.replace(fleet.spec, join_from_base=True)  # the base model on its disk
+    try:
+        [joiner] = fleet.start(PREEMPTIBLE, 1)
+        assert joiner.pull is not None  # pulling now
+        for h in holders:
+            fleet.preempt(h, how="node")
+        fleet.wait_ready(timeout_s=patience(120))
+    finally:
+        fleet.spec = dataclasses.replace(fleet.spec, join_from_base=False)
+    assert joiner.ready is not None and joiner.checksum == fleet.manifest.checksum
+    modes = {w: mode for w, _, _, mode in fleet.manager.pulls.take_stats().pulls}
+    assert modes[joiner.name] == "from_base"
+    assert all(not h.alive or h.name in fleet.killed for h in holders)
+    assert ray.experimental.get_object_locations(patch.parts)  # still held by the publisher

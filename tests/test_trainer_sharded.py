@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from rlboost.checkpoint import load_checkpoint, save_checkpoint
 from rlboost.cluster.config import ClusterConfig, WeightsConfig
 from rlboost.cluster.ray_cluster import Cluster
+from rlboost.cluster.host_copy import HostCopy
 from rlboost.cluster.weights import pull
 from rlboost.models import ModelConfig, load_model
 from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
@@ -169,6 +170,17 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(cluster):
         # one bucket's array plus the one tensor being gathered into it: never the whole model
         sizes = [t.numel() * t.element_size() for t in want.values()]
         assert 0 < trainers.last_publish_peak_bytes <= bucket_mb * 2**20 + max(sizes) < sum(sizes)
+        # with patches, in bf16 on the wire: a worker holding v1 reaches v2 by a patch, bit for bit
+        store = WeightsConfig(bucket_mb=bucket_mb)
+        v1 = trainers.publish(1, store, "bfloat16")
+        worker = HostCopy()
+        worker.pull(v1, v1.fingerprint, timeout_s=60)
+        trainers.train_step(copy.deepcopy(groups), len(groups))
+        v2 = trainers.publish(2, store, "bfloat16")
+        reached = worker.pull(v2, v2.fingerprint, timeout_s=60)
+        assert reached.result.mode == "patch" and reached.changed
+        full = pull(v2, v2.fingerprint, timeout_s=60)
+        assert all(torch.equal(reached.weights[n].view(torch.int16), full[n].view(torch.int16)) for n in full)
     finally:
         trainers.close()
 

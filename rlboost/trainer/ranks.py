@@ -151,8 +151,8 @@ class TrainerRank:
         from rlboost.cluster.publisher import Publisher
         from rlboost.trainer.sharding import full_tensor
 
-        if self.publisher is None:  # it keeps the versions patches are made from, on the rank that packs
-            self.publisher = Publisher(store, dtype)
+        if self.publisher is None or (self.publisher.cfg, self.publisher.dtype) != (store, dtype):
+            self.publisher = Publisher(store, dtype)  # it keeps the versions patches are made from
         named = list(self.trainer.model.named_parameters())  # tied weights once, as at world 1
         out = self.publisher.publish(named, version, gather=full_tensor, keep=self.rank == 0)
         return out.manifest, out.peak_bytes
