@@ -8,7 +8,12 @@ buys a rollout instance behind a link.
    `full_bytes`, `patch_bytes` (from the version before), `from_base_bytes` (cumulative, from the model
    as loaded) and `bit_identical`: a worker that reached the version by patch, and a joiner that reached
    it from its base, hold bit for bit what a full pull gives.
-2. Links (rows with `link`): in a room of emulated hosts (`rlboost.cluster.hosts`), one reserved host
+2. Fan-out (rows with `fanout`): 1, 4 and 16 hosts fetch the same version at once, every link and the
+   trainer's own uplink at `link`: `full_s` the slowest fetch of the full version (bf16), `patch_s` of a
+   patch; `source_floor_s` is fanout x bytes over the trainer's uplink (every byte from the trainer),
+   `link_floor_s` bytes over one link (every host fed at its own rate at once, as peers serving peers
+   at best would).
+3. Links (rows with `link` and `mode`): in a room of emulated hosts (`rlboost.cluster.hosts`), one reserved host
    and spot hosts behind a `tbf`-shaped link of each rate: the base model is version 0, the first
    model's weights after `steps - 1` and `steps` GRPO steps at the first lr are versions 1 and 2 (bf16).
    `join_s`: a spot instance from launch to serving version 1 (host, Ray node, worker, weights), `mode`
@@ -26,7 +31,7 @@ import numpy as np
 
 from rlboost.cluster.config import ClusterConfig, WeightsConfig
 from rlboost.cluster.host_copy import HostCopy
-from rlboost.cluster.hosts import HostEntry
+from rlboost.cluster.hosts import HostEntry, link_bits_s
 from rlboost.cluster.publisher import Publisher
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
@@ -81,6 +86,38 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
                         "bit_identical": identical and [zlib.crc32(a) for a in full] == [b.crc32 for b in m.buckets]})
             del full, by_patch, joiner, m
     return out, kept
+
+
+def fanout_rows(model: str, versions: dict[int, dict], counts: list[int], link: str, bucket_mb: float) -> list[dict]:
+    """Rows of part 2 (the caller is inside a room)."""
+    import ray
+
+    from rlboost.bench.weights import _Fetcher
+
+    steps, bits, out = sorted(versions), link_bits_s(link), []
+    for count in counts:
+        hosts = [HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preemptible", count=count, link=link)]
+        cluster = Cluster(dataclasses.replace(ClusterConfig(), hosts=hosts), "hosts")
+        try:
+            cluster.room.set_head_link(bits)
+            publisher = Publisher(WeightsConfig(bucket_mb=bucket_mb), "bfloat16")
+            publisher.publish(list(versions[steps[1]].items()), 1)
+            m = publisher.publish(list(versions[steps[2]].items()), 2).manifest
+            patch = next((p for p in m.patches if not p.base), None)
+            nodes = [cluster.start_node({f"probe-{i}": 1}) for i in range(count)]
+            fetchers = [_Fetcher.options(resources={f"probe-{i}": 1}).remote() for i in range(count)]
+            ray.get([f.__ray_ready__.remote() for f in fetchers])
+            full_s = max(ray.get([f.fetch.remote([b.ref for b in m.buckets]) for f in fetchers]))
+            patch_s = max(ray.get([f.fetch.remote(patch.parts) for f in fetchers])) if patch else float("nan")
+            out.append({"model": model, "fanout": count, "fanout_link": link, "full_bytes": m.nbytes,
+                        "patch_bytes": patch.nbytes if patch else 0, "full_s": full_s, "patch_s": patch_s,
+                        "source_floor_s": count * m.nbytes * 8 / bits, "link_floor_s": m.nbytes * 8 / bits})
+            del fetchers
+            for node in nodes:
+                cluster.end_node(node)
+        finally:
+            cluster.shutdown()
+    return out
 
 
 def link_rows(model: str, versions: dict[int, dict], links: list[str], bucket_mb: float) -> list[dict]:

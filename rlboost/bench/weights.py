@@ -57,13 +57,17 @@ class WeightsBenchConfig:
     """--patches: tokens per response at most in those steps."""
     links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
     """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
+    fanout: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """--patches: hosts fetching one version at once, each behind a `fanout_link` link (none: skip)."""
+    fanout_link: str = "1gbit"
+    """--patches: the link of each fan-out host and of the trainer's own uplink."""
     seed: int = 0
     """--patches: seed of prompts and sampling."""
 
 
 def NEEDS_ROOM(cfg: WeightsBenchConfig) -> bool:
     """The links of `--patches` are measured inside a room of emulated hosts."""
-    return cfg.patches and bool(cfg.links)
+    return cfg.patches and bool(cfg.links or cfg.fanout)
 
 
 @ray.remote(num_cpus=0)
@@ -131,6 +135,7 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
 
     for link in cfg.links:
         link_bits_s(link, "--links")
+    link_bits_s(cfg.fanout_link, "--fanout-link")
     rows, versions = [], {}
     # the weight store's Ray; inside a room, on its reserved host (the room's loopback holds no Ray)
     cluster = (Cluster(dataclasses.replace(ClusterConfig(), hosts=[HostEntry(kind="reserved", name="res-0", cpus=2)]),
@@ -146,6 +151,8 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
                     versions = kept
     finally:
         cluster.shutdown()
+    if cfg.fanout:
+        rows += weight_patches.fanout_rows(cfg.patch_models[0], versions, cfg.fanout, cfg.fanout_link, cfg.bucket_mb)
     if cfg.links:
         rows += weight_patches.link_rows(cfg.patch_models[0], versions, cfg.links, cfg.bucket_mb)
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": rows}
@@ -172,7 +179,7 @@ def _render_patches(result: dict) -> list[Table]:
     for col in ("model", "lr", "dtype", "steps", "changed (median)", "patch (median)", "patch (max)",
                 "from base (last step)", "encode s (median)", "bit-identical"):
         sizes.add_column(col, justify="left" if col in ("model", "dtype") else "right")
-    bytes_rows = [r for r in result["results"] if "link" not in r]
+    bytes_rows = [r for r in result["results"] if "dtype" in r]
     for key in dict.fromkeys((r["model"], r["lr"], r["dtype"]) for r in bytes_rows):
         rs = [r for r in bytes_rows if (r["model"], r["lr"], r["dtype"]) == key]
         share = [r["patch_bytes"] / r["full_bytes"] for r in rs]
@@ -184,8 +191,14 @@ def _render_patches(result: dict) -> list[Table]:
     links = Table(title="a spot instance behind a link: join (launch to serving) and refresh (v-1 to v)")
     for col in ("model", "link", "mode", "join_s", "pull_s", "pulled", "refresh mode", "refresh_s", "refreshed"):
         links.add_column(col, justify="left" if col in ("model", "link", "mode", "refresh mode") else "right")
-    for r in (r for r in result["results"] if "link" in r):
+    for r in (r for r in result["results"] if "mode" in r):
         links.add_row(r["model"], r["link"], r["mode"], f"{r['join_s']:.2f}", f"{r['pull_s']:.2f}",
                       f"{r['pulled_bytes'] / 2**20:.1f} MiB", r["refresh_mode"], f"{r['refresh_s']:.2f}",
                       f"{r['refresh_bytes'] / 2**20:.2f} MiB")
-    return [sizes, links] if links.row_count else [sizes]
+    fan = Table(title="fan-out: hosts fetching one version at once (trainer's uplink and every link alike)")
+    for col in ("model", "hosts", "link", "full_s", "source floor", "link floor", "patch_s", "patch"):
+        fan.add_column(col, justify="left" if col in ("model", "link") else "right")
+    for r in (r for r in result["results"] if "fanout" in r):
+        fan.add_row(r["model"], str(r["fanout"]), r["fanout_link"], f"{r['full_s']:.2f}", f"{r['source_floor_s']:.2f}",
+                    f"{r['link_floor_s']:.2f}", f"{r['patch_s']:.2f}", f"{r['patch_bytes'] / 2**20:.2f} MiB")
+    return [t for t in (sizes, fan, links) if t.row_count]

@@ -280,6 +280,11 @@ class Room:
         _shape(host.port, bits_s)
         _shape("eth0", bits_s, netns_pid=host.init_pid)
 
+    def set_head_link(self, bits_s: float | None) -> None:
+        """Shape what the room's own node (the driver and Ray's head: the trainer's machine) sends into the
+        bridge, its NIC's uplink (None: unshaped). Traffic between hosts does not cross it."""
+        _shape("br0", bits_s)
+
     def cut(self, host: Host) -> None:
         """Drop every packet on `host`'s link, both ways; nobody is told (no reset, the carrier stays up)."""
         _sh("bridge", "link", "set", "dev", host.port, "state", "0")
