@@ -2,7 +2,7 @@
 --patches`): the showcase's task (arithmetic), rlboost's engine generating, the trainer updating.
 
 `grpo_steps(loaded, engine, rows, prompts, ...)` yields the trainer's weights after each step (the
-engine loads them too, so the next step samples from them): 8 prompts x 4 samples, T=1."""
+engine loads them too, so the next step samples from them): `per_step` prompts x 4 samples, T=1."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from rlboost.trainer import Trainer, TrainerConfig
 
 
 def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_tokens: int,
-               seed: int) -> Iterator[dict[str, torch.Tensor]]:
+               seed: int, per_step: int = 8) -> Iterator[dict[str, torch.Tensor]]:
     trainer = Trainer(loaded.model, TrainerConfig(lr=lr, device="cpu"), temperature=1.0,
                       max_response_length=max_tokens, total_optimizer_steps=steps,
                       pad_token_id=loaded.tokenizer.pad_token_id or 0)
     params = SamplingParams(temperature=1.0, max_tokens=max_tokens)
     for step in range(steps):
-        chosen = [(i, prompts[i], rows[i]) for i in range(step * 8 % len(rows), step * 8 % len(rows) + 8)
-                  if i < len(rows)]
+        first = step * per_step % len(rows)
+        chosen = [(i, prompts[i], rows[i]) for i in range(first, first + per_step) if i < len(rows)]
         groups = list(run_colocated(engine, new_groups(step + 1, chosen, 4, seed), params))
         for g in groups:
             for s in g.samples:

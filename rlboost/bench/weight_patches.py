@@ -48,7 +48,8 @@ from rlboost.models import ModelConfig, load_model
 DTYPES = ("bfloat16", "float32")
 
 
-def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, keep: tuple[int, ...] = ()):
+def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, keep: tuple[int, ...] = (),
+              per_step: int = 8):
     """Rows of part 1 for one model and lr (in a Ray the caller started); also the weights after each
     step in `keep` (and the base, as step 0), for the link rows."""
     loaded = load_model(ModelConfig(path=model))
@@ -68,7 +69,7 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
         workers[d].pull(m, m.fingerprint, 120)
     out = []
     for step, weights in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=lr, steps=steps,
-                                              max_tokens=max_tokens, seed=seed), start=1):
+                                              max_tokens=max_tokens, seed=seed, per_step=per_step), start=1):
         if step in keep:
             kept[step] = {n: t.clone() for n, t in weights.items()}
         for d in DTYPES:

@@ -46,15 +46,17 @@ class WeightsBenchConfig:
     """cluster.weights.bucket_mb."""
     patches: bool = False
     """Measure lossless patches instead (the fields below; docs/weights.md)."""
-    patch_models: list[str] = field(default_factory=lambda: ["smollm2", "tiny:qwen3"])
+    patch_models: list[str] = field(default_factory=lambda: ["smollm2"])
     """--patches: models trained with real GRPO steps; the first one's versions cross the links."""
     lrs: list[float] = field(default_factory=lambda: [1e-6, 2e-5])
     """--patches: learning rates (1e-6: the usual RL one; 2e-5: the showcase's); the first one's
     versions cross the links."""
     steps: int = 20
     """--patches: GRPO steps per model and lr."""
-    max_tokens: int = 48
+    max_tokens: int = 32
     """--patches: tokens per response at most in those steps."""
+    prompts_per_step: int = 4
+    """--patches: prompts per GRPO step (4 samples each)."""
     links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
     """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
     fanout: list[int] = field(default_factory=lambda: [1, 4, 16])
@@ -145,7 +147,8 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
             for lr in cfg.lrs:
                 first = not versions
                 keep = (0, cfg.steps - 1, cfg.steps) if first else ()
-                out, kept = weight_patches.byte_rows(model, lr, cfg.steps, cfg.max_tokens, cfg.seed, keep)
+                out, kept = weight_patches.byte_rows(model, lr, cfg.steps, cfg.max_tokens, cfg.seed, keep,
+                                                          cfg.prompts_per_step)
                 rows += out
                 if first:
                     versions = kept
