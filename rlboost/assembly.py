@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlboost.checkpoint import latest_checkpoint, load_checkpoint
+from rlboost.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from rlboost.cluster.gpus import KEY as GPU_KEY
 from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
@@ -268,7 +268,10 @@ def resume(cfg: RLBoostConfig, run_dir: Path, trainer: PolicyTrainer, loader: Pr
     path = latest_checkpoint(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
     if path is None:
         return {}
-    state = load_checkpoint(path, trainer)
+    try:
+        state = load_checkpoint(path, trainer)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from e
     loader.load_state_dict(state["data"])
     return state
 
