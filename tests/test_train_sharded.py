@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from rlboost.cli import main
+from rank_faults import kill_rank_before_pass
 from test_train import QUIET, SMOKE, metrics_of, run_cli, train
 
 # one padded batch per micro-batch at every world size, so the two runs compute the same sums
@@ -48,17 +49,19 @@ def test_hybrid_training_at_world_2(tmp_path):
     assert m[2]["actor/optimizer_steps"] == 1 and "spot/instances" in m[2]
 
 
-def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, monkeypatch):
-    """Rank 1 SIGKILLs itself at the first micro-batch pass of step 3 (4 groups per step dealt to 2
-    ranks: 2 passes a step, so its 5th pass). The run stops with an error naming rank 1 and step 3,
-    keeps checkpoint 2 and metrics up to step 2; `run.resume=auto` then finishes with the uninterrupted
-    run's metrics."""
+def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, monkeypatch, capfd):
+    """Rank 1 is SIGKILLed as the driver is about to dispatch the first micro-batch pass of step 3 (4
+    groups per step dealt to 2 ranks: 2 passes a step, so the 5th pass). The run stops with an error
+    naming rank 1 and step 3, keeps checkpoint 2 and metrics up to step 2; `run.resume=auto` then
+    finishes with the uninterrupted run's metrics."""
     common = [*PADDED, "run.total_steps=4", "run.save_freq=2", "run.test_freq=2", "trainer.world_size=2", *QUIET]
     killed = tmp_path / "killed"
-    monkeypatch.setenv("RLBOOST_TEST_KILL_TRAINER_RANK", "1:5")  # inherited by the Ray the run starts
-    code, out = run_cli(tmp_path, *common, f"run.output_dir={killed}")
-    monkeypatch.delenv("RLBOOST_TEST_KILL_TRAINER_RANK")
+    killer = kill_rank_before_pass(monkeypatch, rank=1, before_pass=5)
+    code = main(["train", SMOKE, f"run.output_dir={killed}", *common])
+    monkeypatch.undo()
+    out = "".join(capfd.readouterr())
     flat = " ".join(out.split())
+    assert len(killer.killed) == 1
     assert code == 1 and "Traceback" not in out, out
     assert "trainer rank 1 of 2 died at step 3 (training)" in flat, out
     assert sorted(metrics_of(killed)) == [1, 2]
