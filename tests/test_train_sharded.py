@@ -4,7 +4,11 @@ refused before any work."""
 
 from __future__ import annotations
 
+import socket
+
+import psutil
 import pytest
+import ray
 
 from rlboost.cli import main
 from rank_faults import kill_rank_before_pass
@@ -72,6 +76,24 @@ def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, mon
     assert sorted(got) == sorted(uninterrupted) == [1, 2, 3, 4]
     for step in (3, 4):
         close_to(got[step], uninterrupted[step], rel=1e-5)
+
+
+def test_a_local_run_that_listens_beyond_loopback_stops_at_start_up(tmp_path, capfd):
+    """The start-up check runs once Ray and the ranks are up: a socket of this run's driver process
+    listening on every interface (never accepting: nothing can reach it) stops the run before its
+    first step, with one line naming the process and the address, and no Ray left behind."""
+    with socket.socket() as exposed:
+        exposed.bind(("0.0.0.0", 0))
+        exposed.listen()
+        port = exposed.getsockname()[1]
+        code = main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", "trainer.world_size=2",
+                     "run.total_steps=1", *QUIET])
+    out = "".join(capfd.readouterr())
+    flat = " ".join(out.split())
+    assert code == 2 and "Traceback" not in out, out
+    assert "cluster.ray.bind_host=127.0.0.1 but these listen beyond loopback: " in flat, out
+    assert f"on 0.0.0.0:{port}" in flat and psutil.Process().name() in flat, out
+    assert not ray.is_initialized() and not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
 def test_a_world_size_the_machine_cannot_hold_is_refused_before_any_work(tmp_path):
