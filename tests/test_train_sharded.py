@@ -1,6 +1,6 @@
 """`rlboost train` with `trainer.world_size=2`: two FSDP2 ranks on Ray behind colocated and hybrid
 rollout, the world-1 run's metrics, a rank SIGKILLed mid-step and the run resumed, bad world sizes
-refused before any work."""
+refused before any work, a run with a listener beyond loopback stopped at start-up."""
 
 from __future__ import annotations
 
