@@ -11,7 +11,6 @@ import random
 import time
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
