@@ -135,7 +135,7 @@ def _write_json(file: Path, data: dict) -> None:
 
 
 # what an earlier version's trainer.pt holds beyond tensors and plain data: numpy's RNG state (a uint32 array)
-_NUMPY_RNG_STATE = [np.ndarray, np.dtype, np._core.multiarray._reconstruct, type(np.dtype(np.uint32))]
+_NUMPY_RNG_STATE = [np.ndarray, np.dtype, getattr(np, "_core", np).multiarray._reconstruct, type(np.dtype(np.uint32))]
 
 
 def _load_pickled(file: Path) -> dict:
