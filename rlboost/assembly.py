@@ -5,7 +5,8 @@ lengths, the spot trace file) is checked in `setup`, before Ray or any worker st
 function by the reward workers, which import it: the driver never does). `setup` then
 starts the run's Ray once (a `Cluster`, when hybrid rollout or trainer ranks need one), builds the
 trainer (in this process, or as ranks on the cluster), restores the latest checkpoint if resuming,
-and builds the rollout backend of `rollout.mode` serving exactly the trainer's weights.
+and builds the rollout backend of `rollout.mode` serving exactly the trainer's weights. A local run
+on loopback then checks that nothing it started listens beyond loopback (`Cluster.check_listeners`).
 `RunParts.close` tears it down in reverse: trainer ranks, rollout workers, Ray, then the reward
 workers, whatever went wrong before. The training
 loop itself is `rlboost.train`.
@@ -22,7 +23,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlboost.checkpoint import latest_checkpoint, load_checkpoint
+from rlboost.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
 from rlboost.cluster.gpus import KEY as GPU_KEY
 from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
@@ -131,6 +132,8 @@ def build(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
             rollout = make_rollout(cfg, policy.eos_token_ids, trainer_weights(trainer, cfg, start_step), start_step,
                                    cluster)
         rollout.load_state_dict(restored.get("rollout", {}))
+        if cluster is not None:
+            check_listeners(cluster)
     except BaseException:
         close_all(trainer, rollout, cluster)
         raise
@@ -152,6 +155,17 @@ def start_cluster(cfg: RLBoostConfig) -> Cluster | None:
 
     hybrid = cfg.rollout.mode == "hybrid"
     return Cluster(cfg.cluster, cfg.rollout.hybrid.instances if hybrid else None)
+
+
+def check_listeners(cluster: Cluster) -> None:
+    """A local run on loopback, once Ray, the trainer ranks and the rollout workers are up: nothing of
+    it listens beyond loopback (a ConfigError naming each process and address otherwise)."""
+    from rlboost.cluster.ray_setup import ExposedListenerError
+
+    try:
+        cluster.check_listeners()
+    except ExposedListenerError as e:
+        raise ConfigError(str(e)) from e
 
 
 def needs_cluster(cfg: RLBoostConfig) -> bool:
@@ -268,7 +282,10 @@ def resume(cfg: RLBoostConfig, run_dir: Path, trainer: PolicyTrainer, loader: Pr
     path = latest_checkpoint(run_dir) if cfg.run.resume == "auto" else Path(cfg.run.resume)
     if path is None:
         return {}
-    state = load_checkpoint(path, trainer)
+    try:
+        state = load_checkpoint(path, trainer)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from e
     loader.load_state_dict(state["data"])
     return state
 

@@ -1,12 +1,17 @@
 """`rlboost train` with `trainer.world_size=2`: two FSDP2 ranks on Ray behind colocated and hybrid
 rollout, the world-1 run's metrics, a rank SIGKILLed mid-step and the run resumed, bad world sizes
-refused before any work."""
+refused before any work, a run with a listener beyond loopback stopped at start-up."""
 
 from __future__ import annotations
 
+import socket
+
+import psutil
 import pytest
+import ray
 
 from rlboost.cli import main
+from rank_faults import kill_rank_before_pass
 from test_train import QUIET, SMOKE, metrics_of, run_cli, train
 
 # one padded batch per micro-batch at every world size, so the two runs compute the same sums
@@ -48,17 +53,19 @@ def test_hybrid_training_at_world_2(tmp_path):
     assert m[2]["actor/optimizer_steps"] == 1 and "spot/instances" in m[2]
 
 
-def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, monkeypatch):
-    """Rank 1 SIGKILLs itself at the first micro-batch pass of step 3 (4 groups per step dealt to 2
-    ranks: 2 passes a step, so its 5th pass). The run stops with an error naming rank 1 and step 3,
-    keeps checkpoint 2 and metrics up to step 2; `run.resume=auto` then finishes with the uninterrupted
-    run's metrics."""
+def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, monkeypatch, capfd):
+    """Rank 1 is SIGKILLed as the driver is about to dispatch the first micro-batch pass of step 3 (4
+    groups per step dealt to 2 ranks: 2 passes a step, so the 5th pass). The run stops with an error
+    naming rank 1 and step 3, keeps checkpoint 2 and metrics up to step 2; `run.resume=auto` then
+    finishes with the uninterrupted run's metrics."""
     common = [*PADDED, "run.total_steps=4", "run.save_freq=2", "run.test_freq=2", "trainer.world_size=2", *QUIET]
     killed = tmp_path / "killed"
-    monkeypatch.setenv("RLBOOST_TEST_KILL_TRAINER_RANK", "1:5")  # inherited by the Ray the run starts
-    code, out = run_cli(tmp_path, *common, f"run.output_dir={killed}")
-    monkeypatch.delenv("RLBOOST_TEST_KILL_TRAINER_RANK")
+    killer = kill_rank_before_pass(monkeypatch, rank=1, before_pass=5)
+    code = main(["train", SMOKE, f"run.output_dir={killed}", *common])
+    monkeypatch.undo()
+    out = "".join(capfd.readouterr())
     flat = " ".join(out.split())
+    assert len(killer.killed) == 1
     assert code == 1 and "Traceback" not in out, out
     assert "trainer rank 1 of 2 died at step 3 (training)" in flat, out
     assert sorted(metrics_of(killed)) == [1, 2]
@@ -69,6 +76,24 @@ def test_a_rank_killed_mid_step_stops_the_run_and_resume_continues(tmp_path, mon
     assert sorted(got) == sorted(uninterrupted) == [1, 2, 3, 4]
     for step in (3, 4):
         close_to(got[step], uninterrupted[step], rel=1e-5)
+
+
+def test_a_local_run_that_listens_beyond_loopback_stops_at_start_up(tmp_path, capfd):
+    """The start-up check runs once Ray and the ranks are up: a socket of this run's driver process
+    listening on every interface (never accepting: nothing can reach it) stops the run before its
+    first step, with one line naming the process and the address, and no Ray left behind."""
+    with socket.socket() as exposed:
+        exposed.bind(("0.0.0.0", 0))
+        exposed.listen()
+        port = exposed.getsockname()[1]
+        code = main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", "trainer.world_size=2",
+                     "run.total_steps=1", *QUIET])
+    out = "".join(capfd.readouterr())
+    flat = " ".join(out.split())
+    assert code == 2 and "Traceback" not in out, out
+    assert "cluster.ray.bind_host=127.0.0.1 but these listen beyond loopback: " in flat, out
+    assert f"on 0.0.0.0:{port}" in flat and psutil.Process().name() in flat, out
+    assert not ray.is_initialized() and not (tmp_path / "r" / "metrics.jsonl").exists()
 
 
 def test_a_world_size_the_machine_cannot_hold_is_refused_before_any_work(tmp_path):

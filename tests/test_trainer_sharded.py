@@ -7,18 +7,16 @@ torch.distributed gloo group, FSDP2-sharded tiny models. The world-1 reference i
 from __future__ import annotations
 
 import copy
-import os
 import random
 import time
-from pathlib import Path
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
 from rlboost.checkpoint import load_checkpoint, save_checkpoint
 from rlboost.cluster.config import ClusterConfig, WeightsConfig
+from rlboost.cluster.ray_setup import listening_addresses
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.host_copy import HostCopy
 from rlboost.cluster.weights import pull
@@ -27,6 +25,7 @@ from rlboost.trainer import LOSS_AGG_MODES, Trainer, TrainerConfig
 from rlboost.trainer.ranks import TrainerGroup, TrainerRankError, check_world_size
 
 from hybrid_util import patience
+from rank_faults import alive, kill_rank_before_pass
 from test_trainer import MAX_RESPONSE, make_groups
 
 POLICY = ModelConfig(path="tiny:qwen2", seed=3)
@@ -241,21 +240,35 @@ def test_sharded_checkpoints_resume_at_the_same_and_at_another_world_size(cluste
         up.close()
 
 
-def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(cluster):
-    """Rank 1 SIGKILLs itself as its first micro-batch pass of step 2 begins, while rank 0 runs the same
-    pass and waits for it in a collective: the step fails at once with an error naming rank 1 and step
-    2, the ranks are torn down, and the group refuses further work."""
+def test_the_ranks_listen_on_loopback_only_in_a_local_run(cluster):
+    """A local run's Ray advertises 127.0.0.1: rank 0's rendezvous store (torch's TCPStore listens on
+    every interface unless handed a bound socket), the gloo pairs and Ray's own servers in the rank
+    processes all listen on 127.0.0.1, also once a step has run its collectives."""
+    trainers = TrainerGroup(TrainerConfig(world_size=2, **STILL), POLICY, cluster=cluster, **trainer_kwargs())
+    try:
+        trainers.train_step(make_groups(num_groups=2, n=2, seed=3), 2)
+        by_rank = [listening_addresses(info["pid"]) for info in trainers.info]
+        assert all(by_rank), by_rank
+        assert {ip.removeprefix("::ffff:") for entries in by_rank for ip, _, _ in entries} == {"127.0.0.1"}, by_rank
+    finally:
+        trainers.close()
+
+
+def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(cluster, monkeypatch):
+    """Rank 1 is SIGKILLed as the driver is about to dispatch the first micro-batch pass of step 2, which
+    rank 0 then runs, meeting the dead rank in a collective: the step fails at once with an error naming
+    rank 1 and step 2, the ranks are torn down, and the group refuses further work."""
     groups = make_groups(num_groups=4, n=3, seed=31)
+    killer = kill_rank_before_pass(monkeypatch, rank=1, before_pass=3)
     trainers = TrainerGroup(TrainerConfig(world_size=2, **MOVING), POLICY, cluster=cluster, **trainer_kwargs())
     try:
         trainers.train_step(copy.deepcopy(groups), 4, step=1)
-        passes = ray.get(trainers.ranks[1].script_fault.remote(""))
-        assert passes == 2  # 4 groups, 2 ranks, micro-batches of one group
-        ray.get(trainers.ranks[1].script_fault.remote(f"1:{passes + 1}"))
+        assert killer.passes == {id(trainers): 2} and not killer.killed  # 4 groups, 2 ranks, 1 group a pass
         pids = [info["pid"] for info in trainers.info]
         started = time.monotonic()
         with pytest.raises(TrainerRankError, match=r"trainer rank 1 of 2 died at step 2 \(training\)"):
             trainers.train_step(copy.deepcopy(groups), 4, step=2)
+        assert killer.killed == [pids[1]]
         assert time.monotonic() - started < patience(30)  # bounded: no waiting out a collective timeout
         deadline = time.monotonic() + patience(30)
         while any(alive(pid) for pid in pids):  # rank 0, stuck in the collective, was ended too
@@ -265,17 +278,6 @@ def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(cluster):
             trainers.train_step(copy.deepcopy(groups), 4, step=3)
     finally:
         trainers.close()
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead: only its parent has not reaped it yet
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_an_hsdp_mesh_gives_the_world_1_gradient_too(cluster):

@@ -20,6 +20,11 @@ Contract:
   tree, or the whole host vanishing (link silent first, no reset).
 - `place_reserved_gpus(count)` places the run's reserved GPUs once; the fleet's reserved workers and
   the trainer ranks find them in `reserved_gpus` and share them by time (`rlboost.cluster.placement`).
+- `check_listeners()`: the start-up check of a local run on loopback (`cluster.ray.bind_host`
+  127.0.0.1), called once Ray, the trainer ranks and the rollout workers are up: every process of the
+  run (this one and all it started) listens on loopback only, or `ExposedListenerError` names each one
+  that does not and its address. A joined cluster (`ray_address`) and a room of hosts, whose nodes
+  own addresses of their own, are not local in this sense.
 - `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
   trainer ranks) end their actors and nodes first and never shut Ray down themselves.
 """
@@ -35,8 +40,8 @@ from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.hosts import ROOM_IP, Host, HostSpec, Room, expand_hosts
 from rlboost.cluster.placement import ReservedGpus
-from rlboost.cluster.ray_setup import (kill_node_process, node_process_argv, route_ray_messages, start_local_cluster,
-                                       start_local_ray, start_node_process)
+from rlboost.cluster.ray_setup import (check_listeners, kill_node_process, node_process_argv, route_ray_messages,
+                                       start_local_cluster, start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 
 FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
@@ -111,6 +116,10 @@ class Cluster:
                 self._free_hosts.append(node.host.spec)  # a fresh instance may boot in its place
         else:
             kill_node_process(node)
+
+    def check_listeners(self) -> None:
+        if not self.cfg.ray_address and self.room is None:
+            check_listeners(self.cfg.ray)
 
     def shutdown(self) -> None:
         """Disconnect from Ray and stop the local cluster this run started, if any, and its hosts."""

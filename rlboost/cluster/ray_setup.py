@@ -214,15 +214,19 @@ def non_loopback_listeners(root_pid: int | None = None) -> list[tuple[str, int, 
     return [entry for entry in listening_addresses(root_pid) if not _is_loopback(entry[0])]
 
 
+class ExposedListenerError(RuntimeError):
+    """A process of a loopback-only run listens beyond loopback (one line naming each)."""
+
+
 def check_listeners(security: RaySecurityConfig) -> None:
-    """Startup check: with bind_host=127.0.0.1, raise RuntimeError if any process of this run
+    """Startup check: with bind_host=127.0.0.1, raise ExposedListenerError if any process of this run
     listens on a non-loopback address. (Ray workers start lazily; this sees those running now.)"""
     if not security.loopback:
         return
     exposed = non_loopback_listeners()
     if exposed:
         listing = ", ".join(f"{name} on {ip}:{port}" for ip, port, name in exposed)
-        raise RuntimeError(f"cluster.ray.bind_host={LOOPBACK} but these listen beyond loopback: {listing}")
+        raise ExposedListenerError(f"cluster.ray.bind_host={LOOPBACK} but these listen beyond loopback: {listing}")
 
 
 def _is_loopback(ip: str) -> bool:

@@ -18,6 +18,8 @@ Contract (DESIGN.md 2.6):
   the step with an error naming that rank and the step (`TrainerRankError`); the group is then torn
   down (a surviving rank may be blocked in a collective) and refuses further calls. A rank hung in a
   collective fails after `trainer.collective_timeout_s`.
+- Listening: rank 0's rendezvous store and every rank's collectives listen on their node's cluster
+  address only (127.0.0.1 in a local run; `trainer/rendezvous.py`).
 - `publish(version, bucket_mb)` puts the new weights in the weight store from the shards, one bucket
   gathered at a time (`cluster/weights.publish_gathered`); rank 0 packs and owns the buckets.
 """
@@ -25,8 +27,6 @@ Contract (DESIGN.md 2.6):
 from __future__ import annotations
 
 import os
-import signal
-import socket
 from collections.abc import Callable, Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -40,6 +40,7 @@ from rlboost.cluster.resources import RESERVED
 from rlboost.models import ModelConfig
 from rlboost.rollout.sample import Group
 from rlboost.trainer.errors import TrainerRankError
+from rlboost.trainer.rendezvous import StoreSocket, bind_collectives, client_store
 from rlboost.trainer.config import TrainerConfig
 from rlboost.trainer.schedule import BatchSchedule, MicroBatch
 from rlboost.trainer.stats import TrainStepStats
@@ -56,18 +57,15 @@ class TrainerRank:
         self.rank, self.world_size = rank, world_size
         self.trainer = None
         self.publisher = None
-        self.passes = 0
-        """Micro-batch passes (real or dummy) run so far: scripted faults count them."""
-        self.fault = os.environ.get("RLBOOST_TEST_KILL_TRAINER_RANK", "")
-        """A scripted fault for tests, "RANK:PASS": that rank SIGKILLs itself as that pass begins."""
         self.captured: list[dict] = []
+        self.store_socket: StoreSocket | None = None
+        """Rank 0's: where its torch.distributed store serves."""
 
     def rendezvous(self) -> tuple[str, int]:
-        """Rank 0's address and a free port for torch.distributed's TCP store."""
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as s:
-            s.bind((host, 0))
-            return host, s.getsockname()[1]
+        """Rank 0's node address and the port its torch.distributed store will serve on, bound and
+        listening on that address alone (`trainer/rendezvous.py`)."""
+        self.store_socket = StoreSocket(ray.util.get_node_ip_address())
+        return self.store_socket.host, self.store_socket.port
 
     def setup(self, host: str, port: int, config: TrainerConfig, model: ModelConfig, ref_model: ModelConfig | None,
               kwargs: dict) -> dict:
@@ -82,11 +80,12 @@ class TrainerRank:
         if device.type == "cuda":
             device = torch.device("cuda", 0)  # Ray shows each rank its own GPU only
             torch.cuda.set_device(device)
-        elif host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
-            os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # a one-machine run listens on loopback only, like its Ray
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://{host}:{port}",
-                                rank=self.rank, world_size=self.world_size,
-                                timeout=timedelta(seconds=config.collective_timeout_s))
+        bind_collectives(ray.util.get_node_ip_address(), device.type)  # a local run: loopback, like its Ray
+        timeout = timedelta(seconds=config.collective_timeout_s)
+        store = (self.store_socket.server(self.world_size, timeout) if self.rank == 0
+                 else client_store(host, port, self.world_size, timeout))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=self.rank,
+                                world_size=self.world_size, timeout=timeout)
         mesh = make_mesh(device.type, self.world_size, config.shard_size)
         policy = load_model(model).model
         ref = load_model(ref_model or model).model if config.kl_coef > 0 else None
@@ -95,18 +94,10 @@ class TrainerRank:
         return {"rank": self.rank, "pid": os.getpid(), "device": str(device),
                 "visible_gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
-    def script_fault(self, fault: str) -> int:
-        """Set the scripted fault ("RANK:PASS"); returns the passes run so far."""
-        self.fault = fault
-        return self.passes
-
     def begin_step(self) -> None:
         self.trainer.begin_step()
 
     def micro_batch(self, groups: list[Group] | None) -> None:
-        self.passes += 1
-        if self.fault == f"{self.rank}:{self.passes}":
-            os.kill(os.getpid(), signal.SIGKILL)
         if groups:
             self.trainer.micro_batch(groups)
         else:
