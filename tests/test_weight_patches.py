@@ -197,13 +197,14 @@ def test_a_joiner_whose_base_is_not_the_runs_is_never_served_from_it():
 
 
 def test_patches_that_would_not_pay_are_not_offered():
-    publisher = Publisher(WeightsConfig(bucket_mb=0.02), None)  # fp32 on the wire: every element moves
+    # fp32 on the wire: every element moves, and its patch is larger than the 5% allowed
+    publisher = Publisher(WeightsConfig(bucket_mb=0.02, max_patch_share=0.05), None)
     worker, state = HostCopy(), params()
     m0 = publisher.publish(list(state.items()), 0).manifest
     worker.pull(m0, m0.fingerprint, 30)
     m1 = publisher.publish(list(step(state, 1e-5, 1).items()), 1).manifest
     assert m1.patches == [] and not m1.patching and not m1.from_base
-    assert publisher.stats.changed_share > 0.99
+    assert publisher.stats.changed_share > 0.99 and publisher.stats.patch_bytes > 0.05 * m1.nbytes
     reached = worker.pull(m1, m1.fingerprint, 30)
     assert reached.result.mode == "full" and worker.arrays is None  # and it keeps no copy it cannot use
     assert_bit_identical(reached, m1)

@@ -27,9 +27,9 @@ class WeightsConfig:
     pull. Costs the publisher two more copies of the model in host memory (the last version, the base)
     and each patching worker one (the version it serves)."""
     max_patch_share: float = 0.5
-    """A patch larger than this share of the full version is not offered (workers pull in full): fp32
-    weights after an Adam step change nearly everywhere, bf16 weights at RL learning rates in a few
-    percent of places."""
+    """A patch larger than this share of the full version is not offered (workers pull in full). bf16
+    weights at RL learning rates change in a few percent of places; fp32 weights after an Adam step
+    change nearly everywhere, but only in their low bytes (docs/weights.md has measured shares)."""
     join_from_base: bool = True
     """An instance joining the run reads the base model (`model.path`) from its own disk and pulls only
     the patch from it, where one is offered; otherwise the whole version."""

@@ -8,9 +8,8 @@ Contract: `Publisher(cfg, dtype).publish(named, version, gather=None, keep=True)
 - a patch from the run's base, the first version this publisher published (for instances joining
   with the base model from their own disk). It is always one diff base -> v, never a chain, so it
   stays as small as the cumulative change itself (the store keeps it compacted);
-each offered only when its bytes are at most `cfg.max_patch_share` of the full version (fp32 weights
-after an Adam step change nearly everywhere: then workers pull in full and no time goes into encoding
-patches nobody would use). The manifest lists what it offers (`WeightManifest.patches`).
+each offered only when its bytes are at most `cfg.max_patch_share` of the full version (otherwise
+workers pull in full). The manifest lists what it offers (`WeightManifest.patches`).
 Memory: with patches, the publishing process holds two more copies of the model in the wire dtype
 (the previous version and the base). Buckets are encoded side by side in threads (numpy and zstd
 release the GIL).
@@ -100,12 +99,11 @@ class Publisher:
         import ray
 
         limit = self.cfg.max_patch_share * full_bytes
-        changed = sum(patches.changed_share(a, b, n) * a.nbytes for a, b, n in zip(old.arrays, new.arrays, new.itemsizes))
         if not base:
+            changed = sum(patches.changed_share(a, b, n) * a.nbytes for a, b, n in zip(old.arrays, new.arrays, new.itemsizes))
             self.stats.changed_share = changed / max(full_bytes, 1)
-        self._encoded = 0
-        if changed > limit:  # more changed bytes than the limit: its patch can hardly be smaller
-            return []
+        # encoded even where nearly every element changed: the XOR planes of fp32 weights after a small
+        # step are mostly zero bytes (SmolLM2 at lr 2e-5: ~all elements changed, the patch ~1/8 of the version)
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             parts = list(pool.map(patches.encode, old.arrays, new.arrays, new.itemsizes))
         self._encoded = sum(len(p) for p in parts)
