@@ -17,7 +17,7 @@ GPU_PY     ?= $(GPU_VENV)/bin/python
 GPU_STAMP  := $(GPU_VENV)/.installed-stamp
 OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: install install-vllm install-gpu demo test test-vllm test-gpu bench clean
+.PHONY: install install-vllm install-gpu demo test test-slow test-vllm test-gpu bench clean
 
 install: $(STAMP)
 
@@ -79,8 +79,13 @@ test-gpu:
 	$(OFFLINE) $(GPU_PY) -m rlboost.cli bench engine --backends rlboost,vllm --device cuda --model smollm2 \
 		--batches 1,16 --prompt-len 32 --new-tokens 32 --repeats 2 --json outputs/bench/gpu_backends.json
 
-bench: $(STAMP)
+# The long checks `make test` leaves out for its time (marked `slow`: the runtime no-regret check); CI runs them.
+test-slow: $(STAMP)
 	$(VENV)/bin/pytest -q -m slow $(PYTEST_ARGS)
+
+# Benchmarks and larger runs (marked `bench`), left out of make test and CI: each test's docstring says why.
+bench: $(STAMP)
+	$(VENV)/bin/pytest -q -m bench $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) outputs .pytest_cache

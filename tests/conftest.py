@@ -4,6 +4,7 @@ a safety net that ends any Ray a test module leaves running."""
 from __future__ import annotations
 
 import sys
+import threading
 
 import pytest
 import torch
@@ -38,10 +39,12 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
     if not config.getoption("-m"):
-        skip_slow = pytest.mark.skip(reason="slow benchmark; run with -m slow")
+        left_out = {"slow": "long check left out of make test: make test-slow runs it (CI does)",
+                    "bench": "benchmark left out of make test and CI (its docstring says why): make bench runs it"}
         for item in items:
-            if "slow" in item.keywords:
-                item.add_marker(skip_slow)
+            for marker, why in left_out.items():
+                if marker in item.keywords:
+                    item.add_marker(pytest.mark.skip(reason=why))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -63,6 +66,44 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"vllm backend tests: {counts['passed']} passed, {counts['failed']} failed")
     else:
         terminalreporter.write_line(f"vllm backend tests: {counts['skipped']} skipped: {VLLM_HINT}")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's `thread` method (pyproject.toml), which ends the run with `os._exit` once it
+    dumped every thread's stack, first ends every process the run started (Ray's head, its workers and
+    agents, the nodes' processes): no fixture's teardown runs after that exit, and they would be left
+    running."""
+    if settings.method != "thread":
+        return None
+    import pytest_timeout
+
+    def expire():
+        end_descendants()
+        pytest_timeout.timeout_timer(item, settings)
+
+    timer = threading.Timer(settings.timeout, expire)
+    timer.name = f"pytest-timeout {item.nodeid}"
+
+    def cancel():
+        timer.cancel()
+        timer.join()
+
+    item.cancel_timeout = cancel
+    timer.start()
+    return True
+
+
+def end_descendants() -> None:
+    """SIGKILL every process descended from this one (listed first: a killed parent's children would be
+    re-parented out of reach)."""
+    import psutil
+
+    for process in psutil.Process().children(recursive=True):
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -4,13 +4,15 @@ checks every hybrid test runs.
 
 These tests use real processes, real Ray and real kills, so some waits are unavoidable. None decides
 a result: a fault fires when the step reaches a state (a token count, a hand-off), not after a
-sleep, and every limit on how long something may take (a worker's boot, a stalled step) is a
+sleep (the seeding hand-off too: `run_step`'s window ends at an event, never after seconds), and
+every limit on how long something may take (a worker's boot, a stalled step) is a
 `patience` that grows with what the machine is doing beside the test."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 import threading
 import time
@@ -157,13 +159,25 @@ def kill(fleet: Fleet, worker: Callable[[StepRun], str | None], how: str | None 
     return act
 
 
-def run_step(fleet: Fleet, seed_window_s: float | None = 0.3, faults: list[Fault] = (), version: int = 0):
-    """One step of the workload with `faults` scripted at exact events. Returns (groups in arrival
-    order, the StepRun). A step with no progress for `patience(STALL_S)` is cancelled: a hang fails
-    the test instead of blocking the suite."""
+def reserved_streamed(run: StepRun) -> bool:
+    """When the reserved worker has streamed its first tokens: each of its samples then has nearly all of
+    its MAX_TOKENS to go, so a hand-off at this event finds every one of them still running."""
+    return run.stats.tokens_by_kind[RESERVED] > 0
+
+
+def run_step(fleet: Fleet, handoff: Callable[[StepRun], bool] | None = reserved_streamed, faults: list[Fault] = (),
+             version: int = 0):
+    """One step of the workload with `faults` scripted at exact events. The seeding window has no
+    length: it ends when `handoff(run)` holds (None: no window, every worker generates to the end, as
+    in an evaluation), so the hand-off happens at an event of the step, never after some time. Returns
+    (groups in arrival order, the StepRun). A step with no progress for `patience(STALL_S)` is
+    cancelled: a hang fails the test instead of blocking the suite."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
-    run = fleet.manager.start_step(groups, GREEDY, version=version, seed_window_s=seed_window_s)
+    run = fleet.manager.start_step(groups, GREEDY, version=version,
+                                   seed_window_s=None if handoff is None else math.inf)
     done = threading.Event()
+    if handoff is not None:
+        faults = [(handoff, lambda run: run.end_seed_window()), *faults]
 
     def script():
         pending = list(faults)
@@ -237,4 +251,5 @@ def key(uid: str) -> str:
 
 
 __all__ = ["ENGINE", "MODEL", "WorkerHandle", "after_tokens", "busiest", "check_invariants", "handed_off", "kill",
-           "load_factor", "patience", "preemptible", "reference", "refill", "run_step", "start_fleet"]
+           "load_factor", "patience", "preemptible", "reference", "refill", "reserved_streamed", "run_step",
+           "start_fleet"]

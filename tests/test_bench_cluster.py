@@ -1,4 +1,4 @@
-"""`rlboost bench cluster` end to end, small (slow: 2-6 min; run with `make bench`; the behaviour it
+"""`rlboost bench cluster` end to end, small (a benchmark, 2-6 min: `make bench`, not CI; the behaviour it
 measures is tested in the ordinary suite by tests/in_room/room_vanish.py): the tiny model on one
 100 Mbit/s spot host. The command
 enters a room of emulated hosts itself; a vanished host must be found within the heartbeat timeout
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HEARTBEAT_TIMEOUT_S = 3.0
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_bench_cluster_reports_links_joins_and_detection(tmp_path):
     out = tmp_path / "cluster.json"
     done = subprocess.run([sys.executable, "-m", "rlboost.cli", "bench", "cluster", "--models", "tiny:qwen2",

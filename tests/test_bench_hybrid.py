@@ -1,4 +1,5 @@
-"""`rlboost bench hybrid` end to end (slow: starts Ray; run with `make bench`)."""
+"""`rlboost bench hybrid` end to end (a benchmark: `make bench`, not CI; the
+behaviour it reports, kills and migrations losing no sample, is what tests/test_hybrid.py checks)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from rlboost.cli import main
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_bench_hybrid_reports_both_modes_side_by_side(tmp_path):
     out = tmp_path / "bench.json"
     assert main(["bench", "hybrid", "--prompts", "8", "--max-tokens", "96", "--json", str(out)]) == 0

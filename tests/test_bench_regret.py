@@ -1,6 +1,6 @@
 """RLBoost against colocated on the real control plane (emulated engines, real SIGKILLs) in a scarce,
-bursty market: no slower, within the noise measured between repeats (slow: `make bench`;
-`pytest -m slow -s tests/test_bench_regret.py` prints the numbers)."""
+bursty market: no slower, within the noise measured between repeats (slow: `make test-slow`,
+which CI runs; `pytest -m slow -s tests/test_bench_regret.py` prints the numbers)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Ray's workers at nice 15 (Ray's default) against nice 0 (what rlboost's clusters set), beside two
-busy processes: a fleet's boot and one step, alternated in one run (slow: `make bench`;
-`pytest -m slow -s tests/test_bench_worker_priority.py` prints the numbers)."""
+busy processes: a fleet's boot and one step, alternated in one run (a speed benchmark:
+`make bench`, not CI; `pytest -m bench -s tests/test_bench_worker_priority.py` prints the numbers)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _busy() -> None:
         pass
 
 
-@pytest.mark.slow
+@pytest.mark.bench
 def test_workers_at_the_default_priority_are_not_starved_by_busy_neighbours(tmp_path):
     neighbours = [multiprocessing.Process(target=_busy, daemon=True) for _ in range(2)]
     for p in neighbours:

@@ -54,11 +54,11 @@ def test_this_machine_can_make_rooms():
     check_rooms_possible()
 
 
-SLOW_ROOMS = {"room_drain.py": "the drain script also runs on Ray nodes in tests/test_providers.py, and a "
-                              "vanished host in room_vanish.py; 2-3 min that keep make test within its budget"}
+BENCH_ROOMS = {"room_drain.py": "the drain script also runs on Ray nodes in tests/test_providers.py, and a "
+                               "vanished host in room_vanish.py; 2-3 min that keep make test and CI within budget"}
 
 
-@pytest.mark.parametrize("module", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_ROOMS else name
+@pytest.mark.parametrize("module", [pytest.param(name, marks=pytest.mark.bench) if name in BENCH_ROOMS else name
                                     for name in sorted(p.name for p in IN_ROOM.glob("room_*.py"))])
 def test_in_a_room(module):
     """Runs tests/in_room/MODULE with pytest inside a fresh room; its output is the failure message."""

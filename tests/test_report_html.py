@@ -36,14 +36,22 @@ def apt_get(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
 
 
+INSTALL_HINT = "install it (Debian/Ubuntu: `apt-get install chromium`) or put one of them on PATH"
+
+
+def no_browser(why: str):
+    """The test cannot run: it fails, in one line saying what is missing and how to get it (a skip
+    would let a suite without a browser pass unseen)."""
+    pytest.fail(f"no chromium on PATH (looked for {', '.join(BROWSERS)}), {why}: {INSTALL_HINT}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Debian's chromium, installed here when missing and possible (root and apt); else a skip."""
+    """Debian's chromium, installed here when missing and possible (root and apt); else a failure."""
     if (path := find_browser()) is not None:
         return path
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("no chromium on PATH (looked for " + ", ".join(BROWSERS) + "), and installing it needs root "
-                    "and apt-get")
+        no_browser("and installing it here needs root and apt-get")
     install = ("install", "-y", "--no-install-recommends", "chromium")
     try:
         done = apt_get(*install)
@@ -51,10 +59,10 @@ def chromium() -> str:
             updated = apt_get("update")
             done = apt_get(*install) if updated.returncode == 0 else updated
     except subprocess.TimeoutExpired as e:
-        pytest.skip(f"no chromium on PATH, and `{' '.join(e.cmd)}` did not finish in {APT_TIMEOUT_S} s")
+        no_browser(f"and `{' '.join(e.cmd)}` did not finish in {APT_TIMEOUT_S} s")
     if (path := find_browser()) is None:
         why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        pytest.skip(f"no chromium on PATH, and installing it with apt-get failed: {why}")
+        no_browser(f"and installing it with apt-get failed ({why})")
     return path
 
 

@@ -53,6 +53,24 @@ def test_the_window_hands_the_reserved_samples_to_the_instances_and_then_frees_t
     assert s.state.stats.tokens_by_kind[RESERVED] == 4 * 6
 
 
+def test_a_window_ended_by_an_event_hands_off_then_and_only_once():
+    s = step(n_groups=2, n=4, length=40, seed_window_s=float("inf"))  # no time ends this window
+    s.reserved("r0", max_running=8)
+    s.join("p0", max_running=8)
+    s.decide(0.0)
+    s.generate("r0", 6)
+    assert not s.decide(1e9) and s.state.seeding  # however late: still seeding
+    s.state.end_window(2.0)
+    [abort] = [c for c in s.decide(2.0) if isinstance(c, Abort)]
+    assert abort.worker == "r0" and abort.reason == "seed_handoff" and not s.state.seeding
+    s.answer(abort)
+    s.state.end_window(3.0)  # once seeding is over the event changes nothing
+    assert not [c for c in s.decide(3.0) if isinstance(c, Abort)] and s.released_at == 3.0
+    assert s.state.stats.migrated["seed_handoff"] == 4 and s.state.stats.seed_s == 2.0
+    s.run_to_end()
+    s.assert_exact()
+
+
 def test_without_an_instance_the_reserved_workers_keep_the_step():
     s = step(seed_window_s=0.5)
     s.reserved("r0", max_running=8)

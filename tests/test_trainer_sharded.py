@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import random
+import signal
 import time
 
 import pytest
@@ -278,6 +279,38 @@ def test_a_rank_killed_mid_step_fails_the_step_naming_rank_and_step(cluster, mon
             trainers.train_step(copy.deepcopy(groups), 4, step=3)
     finally:
         trainers.close()
+
+
+def test_a_frozen_rank_fails_the_step_naming_it(cluster):
+    """Rank 1 is frozen (SIGSTOP) between steps: it never answers again, and rank 0 waits for it in its
+    first collective. The driver does not wait forever: once no call has answered for
+    trainer.call_timeout_s, the step fails naming the ranks that owe an answer, and they are ended."""
+    groups = make_groups(num_groups=4, n=3, seed=31)
+    trainers = TrainerGroup(TrainerConfig(world_size=2, **MOVING), POLICY, cluster=cluster, **trainer_kwargs())
+    pids = [info["pid"] for info in trainers.info]
+    try:
+        trainers.train_step(copy.deepcopy(groups), 4, step=1)
+        trainers.config.call_timeout_s = 5.0  # read by the driver at each wait; the frozen rank answers never
+        os.kill(pids[1], signal.SIGSTOP)
+        with pytest.raises(TrainerRankError, match=r"trainer ranks? (0, )?1 of 2 answered nothing for 5 s at step 2 "
+                                                   r"\(training\): hung or stopped \(trainer.call_timeout_s\)"):
+            trainers.train_step(copy.deepcopy(groups), 4, step=2)
+        deadline = time.monotonic() + patience(30)
+        while any(alive(pid) for pid in pids):  # both ended, the frozen one included
+            assert time.monotonic() < deadline, [pid for pid in pids if alive(pid)]
+            time.sleep(0.1)
+    finally:
+        for pid in pids:
+            if alive(pid):
+                os.kill(pid, signal.SIGCONT)
+        trainers.close()
+
+
+def test_the_wait_on_ranks_is_limited_by_config():
+    assert TrainerConfig().call_timeout_s == 1800.0
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=f"trainer.call_timeout_s must be a number of seconds > 0, got {bad}"):
+            TrainerConfig(call_timeout_s=bad).validate()
 
 
 def test_an_hsdp_mesh_gives_the_world_1_gradient_too(cluster):

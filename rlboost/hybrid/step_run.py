@@ -96,6 +96,7 @@ class StepRun:
         self._liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
         self._next_housekeeping = 0.0
         self._cancelled = threading.Event()
+        self._window_ended = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
         for h in table.alive():
             # nobody reads the streams between steps: silence is measured from the step's start
@@ -157,6 +158,11 @@ class StepRun:
     def wait(self, timeout: float | None = None) -> None:
         """Until the loop thread has ended (the trainer may stop reading after the last group)."""
         self.thread.join(timeout)
+
+    def end_seed_window(self) -> None:
+        """End the seeding window at the loop's next turn, whatever its length (any thread): the hand-off
+        placed at an event of the step (a token count, a worker's state) rather than at a time."""
+        self._window_ended.set()
 
     def cancel(self) -> None:
         """Stop the loop (the consumer gave up, e.g. on a reward-function error) and wait for it."""
@@ -223,6 +229,8 @@ class StepRun:
                 if now >= self._next_housekeeping:
                     self._next_housekeeping = now + HOUSEKEEPING_S
                     self._housekeeping(now)
+                if self._window_ended.is_set():
+                    state.end_window(now)
                 self._execute(state.decide(now))
                 if state.done:
                     break

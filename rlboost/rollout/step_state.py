@@ -11,7 +11,7 @@ Contract:
   simulator); nothing inside reads a clock, starts a thread or touches Ray or torch:
   `join` / `pulling` / `ready` / `notice` / `retire` / `dead` for workers, `chunk` for streamed
   tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
-  throughput observation.
+  throughput observation, `end_window` for a seeding window ended by an event rather than its time.
 - Commands out: `decide(now)` runs the step's decisions (end of the seeding window, capacity,
   dispatch, balancing) and returns every command issued since the last call, in order: `Submit`,
   `Abort`, `Retire`, `ReleaseReserved`, `GroupDone`. A shell executes them in order. An abort's answer
@@ -181,6 +181,12 @@ class StepState:
         for aid in [aid for aid, pa in self._aborts.items() if pa.worker == name]:
             del self._aborts[aid]  # its samples are back already; the answer no longer matters
             self._handoffs.discard(aid)
+
+    def end_window(self, now: float) -> None:
+        """The seeding window ends at `now`, before its deadline: the hand-off placed at an event of the
+        step instead of a time (`StepRun.end_seed_window`); the next `decide` weighs it as at the end."""
+        if self.seeding:
+            self._handoff_check_at = min(self._handoff_check_at, now)
 
     def observe(self, name: str, batch_size: int, tokens_per_s: float) -> None:
         """A decode throughput observation of the worker (its plateau B is the balancer's input)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
@@ -83,6 +84,11 @@ class TrainerConfig:
     """A torch.distributed collective that waits longer than this fails (a rank died or hangs), so a
     broken rank fails the step instead of hanging it; the driver names the dead rank sooner when Ray
     reports its death."""
+    call_timeout_s: float = 1800.0
+    """The driver's limit on waiting for the ranks (world_size > 1): when none of the calls it waits on
+    (a micro-batch, an optimizer step, a publish, a checkpoint) has answered for this long, the ranks
+    still owing an answer are taken as hung (stopped, or stuck outside a collective), torn down, and
+    the run stops with one line naming them. Above any one call's longest time."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -123,3 +129,5 @@ class TrainerConfig:
                              f"trainer.world_size={self.world_size}: the device mesh is replicas x shard_size")
         if not self.collective_timeout_s > 0:
             raise ValueError(f"trainer.collective_timeout_s must be > 0, got {self.collective_timeout_s}")
+        if not 0 < self.call_timeout_s < math.inf:
+            raise ValueError(f"trainer.call_timeout_s must be a number of seconds > 0, got {self.call_timeout_s}")

@@ -17,11 +17,13 @@ Contract (DESIGN.md 2.6):
 - Faults: the driver waits on every rank's calls at once, so the first rank that dies or raises fails
   the step with an error naming that rank and the step (`TrainerRankError`); the group is then torn
   down (a surviving rank may be blocked in a collective) and refuses further calls. A rank hung in a
-  collective fails after `trainer.collective_timeout_s`.
+  collective fails after `trainer.collective_timeout_s`; ranks that answer none of the driver's calls
+  for `trainer.call_timeout_s` (stopped, or stuck outside a collective) fail it naming them.
 - Listening: rank 0's rendezvous store and every rank's collectives listen on their node's cluster
   address only (127.0.0.1 in a local run; `trainer/rendezvous.py`).
-- `publish(version, bucket_mb)` puts the new weights in the weight store from the shards, one bucket
-  gathered at a time (`cluster/weights.publish_gathered`); rank 0 packs and owns the buckets.
+- `publish(version, store, dtype)` puts the new weights in the weight store from the shards, one bucket
+  gathered at a time (`cluster/weights.publish_gathered`); rank 0 packs and owns the buckets, and its
+  `Publisher` keeps what lossless patches are made from (`cluster/publisher.py`).
 """
 
 from __future__ import annotations
@@ -226,7 +228,7 @@ class TrainerGroup:
                        for i in range(self.world_size)]
         self.ranks = [actor.options(**options[i]).remote(i, self.world_size) for i in range(self.world_size)]
         try:
-            host, port = ray.get(self.ranks[0].rendezvous.remote())
+            [(host, port)] = self._all([(0, self.ranks[0].rendezvous.remote())], "starting")
             kwargs = dict(temperature=temperature, max_response_length=max_response_length,
                           total_optimizer_steps=total_optimizer_steps, pad_token_id=pad_token_id)
             self.info = self._all([r.setup.remote(host, port, config, model, ref_model, kwargs) for r in self.ranks],
@@ -326,8 +328,11 @@ class TrainerGroup:
         pairs = [c if isinstance(c, tuple) else (i % self.world_size, c) for i, c in enumerate(calls)]
         by_ref = {ref: rank for rank, ref in pairs}
         waiting = [ref for _, ref in pairs]
+        limit = self.config.call_timeout_s
         while waiting:
-            done, waiting = ray.wait(waiting, num_returns=1)
+            done, waiting = ray.wait(waiting, num_returns=1, timeout=limit)
+            if not done:
+                self._hung(sorted({by_ref[r] for r in waiting}), doing, limit)
             try:
                 ray.get(done[0])
             except BaseException as e:
@@ -346,6 +351,13 @@ class TrainerGroup:
                 except BaseException as e:
                     self._fail(rank, "training", e, [p for p in pending if p[1] is not ref])
         return [(rank, ref) for rank, ref in pending if ref not in done]
+
+    def _hung(self, ranks: list[int], doing: str, limit: float):
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
+        self.broken = (f"trainer {who} of {self.world_size} answered nothing for {limit:g} s at step {self.step} "
+                       f"({doing}): hung or stopped (trainer.call_timeout_s)")
+        self.close()
+        raise TrainerRankError(self.broken)
 
     def _fail(self, rank: int, doing: str, error: BaseException, others: list = ()):
         died = isinstance(error, ray.exceptions.RayActorError)
