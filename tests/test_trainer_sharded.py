@@ -7,6 +7,7 @@ torch.distributed gloo group, FSDP2-sharded tiny models. The world-1 reference i
 from __future__ import annotations
 
 import copy
+import os
 import random
 import signal
 import time
