@@ -25,6 +25,7 @@ buys a rollout instance behind a link.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import zlib
 
 import numpy as np
@@ -35,7 +36,6 @@ from rlboost.cluster.hosts import HostEntry, link_bits_s
 from rlboost.cluster.publisher import Publisher
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
-from rlboost.cluster.weights import pull
 from rlboost.data import arithmetic_rows
 from rlboost.engine import EngineConfig, LLMEngine
 from rlboost.bench.grpo import grpo_steps
@@ -66,7 +66,7 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
     workers = {d: HostCopy() for d in DTYPES}
     for d in DTYPES:
         m = publishers[d].publish(list(base.items()), 0).manifest
-        workers[d].pull(m, m.fingerprint, 120)
+        workers[d].pull(m, m.fingerprint, 600)
     out = []
     for step, weights in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=lr, steps=steps,
                                               max_tokens=max_tokens, seed=seed, per_step=per_step), start=1):
@@ -75,9 +75,9 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
         for d in DTYPES:
             p = publishers[d]
             m = p.publish(list(weights.items()), step).manifest
-            full = pull(m, m.fingerprint, 120).arrays
-            by_patch = workers[d].pull(m, m.fingerprint, 120)
-            joiner = HostCopy(load_base=lambda: base).pull(m, m.fingerprint, 120)
+            full = p.last_bytes  # what was put in the store, byte for byte
+            by_patch = workers[d].pull(m, m.fingerprint, 600)
+            joiner = HostCopy(load_base=lambda: base).pull(m, m.fingerprint, 600)
             identical = all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in
                             zip(full, by_patch.weights.arrays, joiner.weights.arrays))
             out.append({"model": model, "dtype": d, "lr": lr, "step": step, "changed_share": p.stats.changed_share,
@@ -86,6 +86,7 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
                         "patch_mode": by_patch.result.mode, "joiner_mode": joiner.result.mode,
                         "bit_identical": identical and [zlib.crc32(a) for a in full] == [b.crc32 for b in m.buckets]})
             del full, by_patch, joiner, m
+            gc.collect()  # the joiner's copies and fetched parts go now, not at some later collection
     return out, kept
 
 

@@ -65,6 +65,11 @@ class Publisher:
         self._encoded = 0
         """Bytes of the patch `_offer` encoded last."""
 
+    @property
+    def last_bytes(self) -> list | None:
+        """The buckets of the version published last, as this process holds them (with patches only)."""
+        return self._prev.arrays if self._prev is not None else None
+
     def publish(self, named: list[tuple[str, object]], version: int, gather=None, keep: bool = True) -> Published:
         out = publish_gathered(named, version, self.cfg.bucket_mb, gather=gather, keep=keep, dtype=self.dtype,
                                hold=self.cfg.patches)
