@@ -212,6 +212,8 @@ def trainer_weights(trainer: PolicyTrainer, cfg: RLBoostConfig, version: int):
     from rlboost.cluster.weights import pull
 
     w = cfg.cluster.weights
+    if cfg.rollout.mode != "hybrid":  # one engine in this process, loading whole versions: no patches to keep
+        w = dataclasses.replace(w, patches=False)
     weights = trainer.publish(version, w, cfg.engine.serving_dtype(cfg.model.dtype))
     if isinstance(weights, WeightManifest) and cfg.rollout.mode != "hybrid":
         return pull(weights, weights.fingerprint, w.pull_timeout_s)
