@@ -53,9 +53,9 @@ class WeightsBenchConfig:
     versions cross the links."""
     steps: int = 20
     """--patches: GRPO steps per model and lr."""
-    max_tokens: int = 32
+    max_tokens: int = 24
     """--patches: tokens per response at most in those steps."""
-    prompts_per_step: int = 4
+    prompts_per_step: int = 2
     """--patches: prompts per GRPO step (4 samples each)."""
     links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
     """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
