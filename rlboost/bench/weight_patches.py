@@ -144,16 +144,16 @@ def _join_and_refresh(model: str, versions: dict[int, dict], link: str, mode: st
         steps = sorted(versions)
         fleet.publish(versions[steps[0]], 0)  # the base: what every host has on its disk
         fleet.start(RESERVED, 1)
-        fleet.wait_ready()
+        fleet.wait_ready(timeout_s=1800)
         fleet.publish(versions[steps[1]], 1)
-        fleet.wait_ready()
+        fleet.wait_ready(timeout_s=1800)
         fleet.manager.pulls.take_stats()
         fleet.start(PREEMPTIBLE, 1)
-        fleet.wait_ready()
+        fleet.wait_ready(timeout_s=1800)
         joined = fleet.manager.pulls.take_stats()
         (_, join_pull_s, join_bytes, join_mode), = [p for p in joined.pulls if p[0].startswith("pree")]
         fleet.publish(versions[steps[2]], 2)
-        fleet.wait_ready()
+        fleet.wait_ready(timeout_s=1800)
         refreshed = [p for p in fleet.manager.pulls.take_stats().pulls if p[0].startswith("pree")]
         (_, refresh_s, refresh_bytes, refresh_mode), = refreshed
         return {"model": model, "link": link, "mode": join_mode, "join_s": joined.provision_s[0],

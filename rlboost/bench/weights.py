@@ -154,11 +154,17 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
                     versions = kept
     finally:
         cluster.shutdown()
-    if cfg.fanout:
-        rows += weight_patches.fanout_rows(cfg.patch_models[0], versions, cfg.fanout, cfg.fanout_link, cfg.bucket_mb)
-    if cfg.links:
-        rows += weight_patches.link_rows(cfg.patch_models[0], versions, cfg.links, cfg.bucket_mb)
-    return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": rows}
+    errors = []
+    for part, wanted, run in (("fanout", cfg.fanout, lambda: weight_patches.fanout_rows(
+            cfg.patch_models[0], versions, cfg.fanout, cfg.fanout_link, cfg.bucket_mb)),
+                              ("links", cfg.links, lambda: weight_patches.link_rows(
+            cfg.patch_models[0], versions, cfg.links, cfg.bucket_mb))):
+        if wanted:
+            try:  # a part that fails keeps the rows measured before it (the bytes take half an hour)
+                rows += run()
+            except Exception as e:  # noqa: BLE001 - reported in the result, and the part's rows are missing
+                errors.append(f"{part}: {type(e).__name__}: {e}")
+    return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": rows, "errors": errors}
 
 
 def render(result: dict):
