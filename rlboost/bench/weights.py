@@ -210,4 +210,4 @@ def _render_patches(result: dict) -> list[Table]:
     for r in (r for r in result["results"] if "fanout" in r):
         fan.add_row(r["model"], str(r["fanout"]), r["fanout_link"], f"{r['full_s']:.2f}", f"{r['source_floor_s']:.2f}",
                     f"{r['link_floor_s']:.2f}", f"{r['patch_s']:.2f}", f"{r['patch_bytes'] / 2**20:.2f} MiB")
-    return [t for t in (sizes, fan, links) if t.row_count]
+    return [t for t in (sizes, fan, links) if t.row_count] + [f"not measured: {e}" for e in result.get("errors", [])]
