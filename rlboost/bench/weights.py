@@ -53,9 +53,10 @@ class WeightsBenchConfig:
     versions cross the links."""
     steps: int = 20
     """--patches: GRPO steps per model and lr."""
-    max_tokens: int = 24
-    """--patches: tokens per response at most in those steps."""
-    prompts_per_step: int = 2
+    max_tokens: int = 48
+    """--patches: tokens per response at most in those steps (SmolLM2 needs ~48 to finish an answer:
+    with 24, every sample scored 0, no group had an advantage and 20 steps at lr 1e-6 changed nothing)."""
+    prompts_per_step: int = 8
     """--patches: prompts per GRPO step (4 samples each)."""
     links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
     """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
