@@ -10,7 +10,6 @@ from dataclasses import replace
 import pytest
 
 from rlboost.cli import main
-from rlboost.policies.offload import OffloadController
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.patch_table import main as table_main
 from rlboost.sim.patch_table import markdown, rows
@@ -18,15 +17,10 @@ from rlboost.sim.profile import make_profiles
 from rlboost.sim.pulls import PullTimes
 from rlboost.sim.simulator import SimConfig, simulate
 from rlboost.sim.workload import WorkloadConfig
-from rlboost.spot.trace import TraceConfig
+
+from test_sim_link import constant_trace, joins_seen
 
 TRAIN = make_profiles("qwen3-8b")[1]
-
-
-def constant_trace(tmp_path, instances: int) -> TraceConfig:
-    path = tmp_path / "constant.csv"
-    path.write_text(f"time_s,available_instances\n0,{instances}\n7200,{instances}\n")
-    return TraceConfig(path=str(path), sample=1.0, time_scale=1.0)
 
 
 def test_the_share_follows_what_the_puller_holds():
@@ -62,21 +56,6 @@ def test_a_refresh_with_a_patch_of_one_percent_is_a_hundred_times_shorter(tmp_pa
     assert full == pytest.approx([link_s - reserved_s] * len(full), rel=1e-6)
     assert patched == pytest.approx([0.01 * (link_s - reserved_s)] * len(patched), rel=1e-6)
     assert min(full) / max(patched) == pytest.approx(100.0, rel=1e-6)
-
-
-def joins_seen(monkeypatch, cfg: SimConfig) -> list[float]:
-    """The launch-to-serving times the offload controller was given, one mean per step with joins."""
-    seen = []
-    original = OffloadController.update
-
-    def update(self, timings):
-        if math.isfinite(timings.provision_s):
-            seen.append(timings.provision_s)
-        return original(self, timings)
-
-    monkeypatch.setattr(OffloadController, "update", update)
-    simulate(cfg)
-    return seen
 
 
 @pytest.mark.parametrize("patch_share, from_base_share", [(0.01, 0.1), (0.01, 1.0), (1.0, 0.1)])

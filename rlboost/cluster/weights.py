@@ -121,14 +121,13 @@ class _Cast:
 
         self.tensor, self.dtype = tensor, getattr(torch, dtype) if dtype is not None else tensor.dtype
         self.shape = tensor.shape
+        self._itemsize = self.dtype.itemsize
 
     def numel(self) -> int:
         return self.tensor.numel()
 
     def element_size(self) -> int:
-        import torch
-
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self._itemsize
 
     def read(self, gather):
         full = gather(self.tensor) if gather is not None else self.tensor
