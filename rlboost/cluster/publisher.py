@@ -62,8 +62,6 @@ class Publisher:
         self._prev: _Kept | None = None
         self._base: _Kept | None = None
         self.stats = PublishStats()
-        self._encoded = 0
-        """Bytes of the patch `_offer` encoded last."""
 
     @property
     def last_bytes(self) -> list | None:
@@ -83,24 +81,25 @@ class Publisher:
         t0 = time.perf_counter()
         self.stats = PublishStats(full_bytes=m.nbytes)
         if self._prev is not None and self._prev.layout == kept.layout:
-            m.patches += self._offer(self._prev, kept, m.nbytes, base=False)
-            self.stats.patch_bytes = self._encoded
+            offered, self.stats.patch_bytes = self._offer(self._prev, kept, m.nbytes, base=False)
+            m.patches += offered
         if self._base is None:
             self._base = kept  # the run's first version is what every instance's disk holds
         elif self._base.layout == kept.layout:
             if self._base is self._prev:  # the same diff: offer it under both names
                 m.patches += [dataclasses.replace(p, base=True) for p in m.patches]
+                self.stats.from_base_bytes = self.stats.patch_bytes
             else:
-                m.patches += self._offer(self._base, kept, m.nbytes, base=True)
-            self.stats.from_base_bytes = self._encoded
+                offered, self.stats.from_base_bytes = self._offer(self._base, kept, m.nbytes, base=True)
+                m.patches += offered
         m.from_base = self._base is kept or any(p.base for p in m.patches)
         m.patching = self._prev is None or any(not p.base for p in m.patches)
         self.stats.encode_s = time.perf_counter() - t0
         self._prev = kept
         return out
 
-    def _offer(self, old: _Kept, new: _Kept, full_bytes: int, base: bool) -> list[PatchSet]:
-        """The patch old -> new, if it is small enough to pay."""
+    def _offer(self, old: _Kept, new: _Kept, full_bytes: int, base: bool) -> tuple[list[PatchSet], int]:
+        """The patch old -> new if it is small enough to pay, and its encoded bytes either way."""
         import ray
 
         limit = self.cfg.max_patch_share * full_bytes
@@ -111,11 +110,11 @@ class Publisher:
         # step are mostly zero bytes (SmolLM2 at lr 2e-5: ~all elements changed, the patch ~1/8 of the version)
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
             parts = list(pool.map(patches.encode, old.arrays, new.arrays, new.itemsizes))
-        self._encoded = sum(len(p) for p in parts)
-        if self._encoded > limit:
-            return []
+        encoded = sum(len(p) for p in parts)
+        if encoded > limit:
+            return [], encoded
         refs = [ray.put(np.frombuffer(p, dtype=np.uint8)) for p in parts]
-        return [PatchSet(old.version, old.checksum, refs, [len(p) for p in parts], base=base)]
+        return [PatchSet(old.version, old.checksum, refs, [len(p) for p in parts], base=base)], encoded
 
 
 __all__ = ["PublishStats", "Publisher"]
