@@ -15,6 +15,8 @@ def test_the_patch_rows_are_complete_and_bit_identical():
     assert {(r["dtype"], r["step"]) for r in rows} == {(d, s) for d in ("bfloat16", "float32") for s in (1, 2)}
     for r in rows:
         assert {"dtype", "lr", "step", "full_bytes", "patch_bytes", "from_base_bytes", "bit_identical"} <= set(r)
+        # what moved the weights is reported beside what the move cost
+        assert 0 <= r["groups_with_signal"] <= 1 and r["grad_norm"] >= 0 and r["reward_mean"] >= 0
         assert r["bit_identical"] and r["patch_mode"] == "patch" and r["joiner_mode"] == "from_base"
         assert r["full_bytes"] == (2 if r["dtype"] == "bfloat16" else 4) * rows[0]["full_bytes"] // 2
     assert result["errors"] == [] and render(result)

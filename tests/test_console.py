@@ -16,7 +16,8 @@ import psutil
 import pytest
 
 from hybrid_util import patience
-from rlboost.cli import SHOWCASE, base_config
+from rlboost.cli import base_config
+from rlboost.config import SHOWCASE
 
 REPO = Path(__file__).resolve().parents[1]
 HYBRID_SMOKE = str(REPO / "configs" / "hybrid_smoke.yaml")

@@ -74,9 +74,9 @@ def bench_spec(cfg: SpecBenchConfig) -> dict:
             store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
 
     results = [_measure(cfg, "same_weights", plain, spec, prompts, stores)]
-    for weights in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
-                              max_tokens=cfg.max_tokens, seed=cfg.seed):
-        pass  # the weights after the last step
+    for grpo in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
+                           max_tokens=cfg.max_tokens, seed=cfg.seed):
+        weights = grpo.weights  # the weights after the last step
     plain.load_weights(weights, 1)
     spec.load_weights(weights, 1)
     results.append(_measure(cfg, "after_training", plain, spec, prompts, stores))

@@ -68,8 +68,9 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
         m = publishers[d].publish(list(base.items()), 0).manifest
         workers[d].pull(m, m.fingerprint, 600)
     out = []
-    for step, weights in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=lr, steps=steps,
-                                              max_tokens=max_tokens, seed=seed, per_step=per_step), start=1):
+    for step, grpo in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=lr, steps=steps,
+                                           max_tokens=max_tokens, seed=seed, per_step=per_step), start=1):
+        weights = grpo.weights
         if step in keep:
             kept[step] = {n: t.clone() for n, t in weights.items()}
         for d in DTYPES:
@@ -80,7 +81,9 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
             joiner = HostCopy(load_base=lambda: base).pull(m, m.fingerprint, 600)
             identical = all(np.array_equal(a, b) and np.array_equal(a, c) for a, b, c in
                             zip(full, by_patch.weights.arrays, joiner.weights.arrays))
-            out.append({"model": model, "dtype": d, "lr": lr, "step": step, "changed_share": p.stats.changed_share,
+            out.append({"model": model, "dtype": d, "lr": lr, "step": step, "reward_mean": grpo.reward_mean,
+                        "groups_with_signal": grpo.groups_with_signal, "grad_norm": grpo.grad_norm,
+                        "changed_share": p.stats.changed_share,
                         "full_bytes": p.stats.full_bytes, "patch_bytes": p.stats.patch_bytes,
                         "from_base_bytes": p.stats.from_base_bytes, "encode_s": p.stats.encode_s,
                         "patch_mode": by_patch.result.mode, "joiner_mode": joiner.result.mode,

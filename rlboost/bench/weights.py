@@ -54,10 +54,10 @@ class WeightsBenchConfig:
     steps: int = 20
     """--patches: GRPO steps per model and lr."""
     max_tokens: int = 48
-    """--patches: tokens per response at most in those steps (SmolLM2 needs ~48 to finish an answer:
-    with 24, every sample scored 0, no group had an advantage and 20 steps at lr 1e-6 changed nothing)."""
+    """--patches: tokens per response at most in those steps (the showcase's: SmolLM2 needs ~48 to finish
+    an answer)."""
     prompts_per_step: int = 8
-    """--patches: prompts per GRPO step (4 samples each)."""
+    """--patches: prompts per GRPO step (the showcase's n samples each, its reward and trainer settings)."""
     links: list[str] = field(default_factory=lambda: ["100mbit", "1gbit", "10gbit"])
     """--patches: link rates of the joins and refreshes measured on emulated hosts (none: skip them)."""
     fanout: list[int] = field(default_factory=lambda: [1, 4, 16])
