@@ -214,7 +214,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     from rlboost.assembly import check_hosts_config, uses_hosts
     from rlboost.checkpoint import latest_checkpoint
-    from rlboost.config import SHOWCASE, RLBoostConfig, load_config
+    from rlboost.config import RLBoostConfig, load_config
+    from rlboost.configs import SHOWCASE
     from rlboost.run_dir import run_folder
     from rlboost.stopping import EXIT_STATUS, StopRequested
     from rlboost.train import RUN_LOG, train
@@ -254,7 +255,7 @@ def base_config(config: str | None, overrides: list[str]) -> tuple[str | Path | 
     """The config file `rlboost train` starts from, and the line that says so. With no file: the
     showcase when no override names another task, else the built-in defaults (RLBoostConfig's:
     colocated rollout, the built-in reward functions chosen by each row's data_source)."""
-    from rlboost.config import SHOWCASE
+    from rlboost.configs import SHOWCASE
 
     if config is not None:
         return config, f"config: {config}" + (f" with {len(overrides)} override(s)" if overrides else "")

@@ -40,10 +40,6 @@ from rlboost.trainer.config import TrainerConfig
 
 T = TypeVar("T")
 
-SHOWCASE = Path(__file__).parent / "configs" / "showcase.yaml"
-"""The main job's config (`rlboost train` with no config file); the benchmarks that need real GRPO steps
-run its task, reward and trainer settings."""
-
 
 ROLLOUT_MODES = ("colocated", "hybrid")
 

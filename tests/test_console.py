@@ -17,7 +17,7 @@ import pytest
 
 from hybrid_util import patience
 from rlboost.cli import base_config
-from rlboost.config import SHOWCASE
+from rlboost.configs import SHOWCASE
 
 REPO = Path(__file__).resolve().parents[1]
 HYBRID_SMOKE = str(REPO / "configs" / "hybrid_smoke.yaml")

@@ -17,7 +17,7 @@ import rlboost
 
 ROOT = Path(rlboost.__file__).parent
 LAYERS = [
-    {"policies", "spot", "_lazy", "run_log", "stopping", "tables"},          # pure decisions, utilities
+    {"policies", "spot", "_lazy", "run_log", "stopping", "tables", "configs"},  # pure decisions, utilities, shipped configs
     {"engine", "histospec", "models", "data", "rewards", "tracking", "run_dir"},  # engine and its peers
     {"rollout", "cluster"},                                                  # the step, colocated rollout; Ray, weights
     {"hybrid", "trainer", "checkpoint"},                                     # Ray runtime, training

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from rlboost.config import SHOWCASE
+from rlboost.configs import SHOWCASE
 from rlboost.config import RLBoostConfig, load_config
 from rlboost.policies.offload import OffloadConfig, OffloadController, StepTimings
 from rlboost.policies.offload_loop import OffloadLoop, StepOutcome

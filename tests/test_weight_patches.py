@@ -181,6 +181,30 @@ def test_a_joiner_reaches_the_version_from_its_base():
     assert_bit_identical(at_base, m0)
 
 
+def test_a_resumed_run_offers_its_joiners_a_patch_from_the_model_on_their_disk():
+    # a run resumed at step 3 publishes its checkpoint's weights first: its base is still the model
+    base = params()
+    state = base
+    for v in range(3):
+        state = step(state, 1e-5, v)
+    reads = []
+    resumed = Publisher(WeightsConfig(bucket_mb=0.02), "bfloat16", load_base=lambda: reads.append(1) or base)
+    m3 = resumed.publish(list(state.items()), 3).manifest
+    m4 = resumed.publish(list(step(state, 1e-5, 3).items()), 4).manifest
+    assert len(reads) == 1  # read once, when the run's first version is not the base
+    for m in (m3, m4):
+        reached = HostCopy(load_base=lambda: base).pull(m, m.fingerprint, 30)
+        assert reached.result.mode == "from_base" and 0 < reached.result.nbytes < 0.5 * m.nbytes
+        assert_bit_identical(reached, m)
+    # without a reader the run's first version is its base, which no instance's disk holds: full pulls
+    plain = Publisher(WeightsConfig(bucket_mb=0.02), "bfloat16")
+    plain.publish(list(state.items()), 3)
+    m4 = plain.publish(list(step(state, 1e-5, 3).items()), 4).manifest
+    reached = HostCopy(load_base=lambda: base).pull(m4, m4.fingerprint, 30)
+    assert reached.result.mode == "full" and "is not the run's base" in reached.result.note
+    assert_bit_identical(reached, m4)
+
+
 def test_a_joiner_whose_base_is_not_the_runs_is_never_served_from_it():
     publisher = Publisher(WeightsConfig(bucket_mb=0.02), "bfloat16")
     state = params(seed=0)

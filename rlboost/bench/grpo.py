@@ -17,11 +17,14 @@ from dataclasses import dataclass
 
 import torch
 
-from rlboost.config import SHOWCASE, RLBoostConfig, load_config
+from omegaconf import OmegaConf
+
+from rlboost.configs import SHOWCASE
 from rlboost.engine import SamplingParams
+from rlboost.rewards.config import RewardConfig
 from rlboost.rewards.loading import load_reward_fn
 from rlboost.rollout import new_groups, run_colocated
-from rlboost.trainer import Trainer
+from rlboost.trainer import Trainer, TrainerConfig
 from rlboost.trainer.schedule import optimizer_steps
 
 
@@ -40,18 +43,19 @@ class GrpoStep:
 def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_tokens: int,
                seed: int, per_step: int | None = None) -> Iterator[GrpoStep]:
     """`steps` RL steps of `per_step` prompts (default: the showcase's batch) from `rows`/`prompts`."""
-    cfg = load_config(RLBoostConfig, SHOWCASE, [f"trainer.lr={lr}", "trainer.device=cpu"])
-    reward_fn = load_reward_fn(cfg.reward)
-    per_step = per_step or cfg.data.train_batch_size
-    trainer = Trainer(loaded.model, cfg.trainer, temperature=cfg.rollout.temperature,
-                      max_response_length=max_tokens,
-                      total_optimizer_steps=steps * optimizer_steps(per_step, cfg.trainer.mini_batch_groups),
+    showcase = OmegaConf.load(SHOWCASE)
+    train_cfg = _section(TrainerConfig, showcase.trainer, lr=lr, device="cpu")
+    reward_fn = load_reward_fn(_section(RewardConfig, showcase.reward))
+    n, temperature = showcase.rollout.n, showcase.rollout.temperature
+    per_step = per_step or showcase.data.train_batch_size
+    trainer = Trainer(loaded.model, train_cfg, temperature=temperature, max_response_length=max_tokens,
+                      total_optimizer_steps=steps * optimizer_steps(per_step, train_cfg.mini_batch_groups),
                       pad_token_id=loaded.tokenizer.pad_token_id or 0)
-    params = SamplingParams(temperature=cfg.rollout.temperature, max_tokens=max_tokens)
+    params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
     for step in range(steps):
         first = step * per_step % len(rows)
         chosen = [(i, prompts[i], rows[i]) for i in range(first, first + per_step) if i < len(rows)]
-        groups = list(run_colocated(engine, new_groups(step + 1, chosen, cfg.rollout.n, seed), params))
+        groups = list(run_colocated(engine, new_groups(step + 1, chosen, n, seed), params))
         for g in groups:
             for s in g.samples:
                 text = loaded.tokenizer.decode(s.response_ids, skip_special_tokens=True)
@@ -63,3 +67,8 @@ def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_toke
         yield GrpoStep(trainer.weights(), sum(rewards) / len(rewards),
                        sum(len({s.reward for s in g.samples}) > 1 for g in groups) / len(groups),
                        float(metrics["actor/grad_norm"]))
+
+
+def _section(schema, values, **overrides):
+    """The showcase's section as its config dataclass (typed and checked by OmegaConf)."""
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), values, overrides))

@@ -30,6 +30,7 @@ import numpy as np
 from rlboost.cluster import patches
 from rlboost.cluster.manifest import PatchSet, PullResult, WeightManifest, version_checksum
 from rlboost.cluster.weights import PulledWeights, WeightError, pull
+from rlboost.models.config import ModelConfig
 
 
 @dataclass
@@ -83,7 +84,7 @@ class HostCopy:
     def _from_base(self, m: WeightManifest, timeout_s: float, t0: float) -> Reached | str:
         """The version reached from the base on this instance's disk, or why not."""
         try:
-            self.arrays = _pack(self.load_base(), m)
+            self.arrays = pack(self.load_base(), m)
         except (OSError, ValueError, WeightError) as e:
             return f"the base model could not be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
         base = version_checksum(zlib.crc32(a) for a in self.arrays)
@@ -136,8 +137,9 @@ def _names_at(bucket, where: np.ndarray) -> set[str]:
     return {bucket.tensors[i].name for i in hit}
 
 
-def _pack(state: Mapping[str, object], m: WeightManifest) -> list[np.ndarray]:
-    """`state`'s tensors cast to each slot's dtype and laid out as `m`'s buckets."""
+def pack(state: Mapping[str, object], m: WeightManifest) -> list[np.ndarray]:
+    """`state`'s tensors cast to each slot's dtype and laid out as `m`'s buckets (how an instance's base
+    is compared with the run's, and how the publisher of a resumed run makes its base)."""
     import torch
 
     arrays = []
@@ -154,4 +156,16 @@ def _pack(state: Mapping[str, object], m: WeightManifest) -> list[np.ndarray]:
     return arrays
 
 
-__all__ = ["HostCopy", "Reached"]
+def base_reader(model: ModelConfig) -> Callable[[], dict]:
+    """Reads `model` (the run's `model.path`) from this machine's disk, in the model's dtype (`pack`
+    casts it as the trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
+
+    def read() -> dict:
+        from rlboost.models import load_model
+
+        return dict(load_model(model).model.named_parameters())
+
+    return read
+
+
+__all__ = ["HostCopy", "Reached", "base_reader", "pack"]

@@ -5,8 +5,10 @@ Contract: `Publisher(cfg, dtype).publish(named, version, gather=None, keep=True)
 `weights.publish_gathered` (weights cast to `dtype`, the engines' own, once here), plus, with
 `cfg.patches`:
 - a patch from the version published before (for workers serving it: a refresh), and
-- a patch from the run's base, the first version this publisher published (for instances joining
-  with the base model from their own disk). It is always one diff base -> v, never a chain, so it
+- a patch from the run's base, the model every instance has on its own disk (for instances joining
+  with it): the first version this publisher published, or, for a run that starts past version 0 (a
+  resumed run, whose first version is its checkpoint's), the model `load_base()` reads, packed as the
+  instances pack it. It is always one diff base -> v, never a chain, so it
   stays as small as the cumulative change itself (the store keeps it compacted);
 each offered only when its bytes are at most `cfg.max_patch_share` of the full version (otherwise
 workers pull in full). The manifest lists what it offers (`WeightManifest.patches`).
@@ -20,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+import zlib
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -27,7 +31,8 @@ import numpy as np
 
 from rlboost.cluster import patches
 from rlboost.cluster.config import WeightsConfig
-from rlboost.cluster.manifest import PatchSet
+from rlboost.cluster.host_copy import pack
+from rlboost.cluster.manifest import PatchSet, version_checksum
 from rlboost.cluster.weights import Published, publish_gathered
 
 
@@ -57,8 +62,10 @@ class PublishStats:
 
 
 class Publisher:
-    def __init__(self, cfg: WeightsConfig, dtype=None):
-        self.cfg, self.dtype = cfg, dtype
+    def __init__(self, cfg: WeightsConfig, dtype=None, load_base: Callable[[], Mapping[str, object]] | None = None):
+        """`load_base`: reads the run's base model (`host_copy.base_reader`), for a run that starts past
+        version 0; None: such a run offers no patch from the base (joiners pull in full)."""
+        self.cfg, self.dtype, self.load_base = cfg, dtype, load_base
         self._prev: _Kept | None = None
         self._base: _Kept | None = None
         self.stats = PublishStats()
@@ -83,6 +90,8 @@ class Publisher:
         if self._prev is not None and self._prev.layout == kept.layout:
             offered, self.stats.patch_bytes = self._offer(self._prev, kept, m.nbytes, base=False)
             m.patches += offered
+        if self._base is None and m.version > 0 and self.load_base is not None:
+            self._base = self._read_base(m)
         if self._base is None:
             self._base = kept  # the run's first version is what every instance's disk holds
         elif self._base.layout == kept.layout:
@@ -97,6 +106,12 @@ class Publisher:
         self.stats.encode_s = time.perf_counter() - t0
         self._prev = kept
         return out
+
+    def _read_base(self, m) -> _Kept:
+        """The base model as the instances pack it into `m`'s layout (version 0: it is the run's first)."""
+        arrays = pack(self.load_base(), m)
+        return _Kept(0, version_checksum(zlib.crc32(a) for a in arrays), m.layout, arrays,
+                     [b.itemsize for b in m.buckets])
 
     def _offer(self, old: _Kept, new: _Kept, full_bytes: int, base: bool) -> tuple[list[PatchSet], int]:
         """The patch old -> new if it is small enough to pay, and its encoded bytes either way."""

@@ -29,6 +29,7 @@ import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rlboost.cluster.host_copy import base_reader
 from rlboost.cluster.manifest import WeightManifest
 from rlboost.cluster.placement import worker_options
 from rlboost.cluster.publisher import Publisher
@@ -66,7 +67,8 @@ class Fleet:
         self._reserved_slots = 0
         """Reserved workers placed so far: the next one covers the reserved GPUs after theirs."""
         self.manifest: WeightManifest | None = None
-        self.publisher = Publisher(cluster.cfg.weights, spec.engine.serving_dtype(spec.model.dtype))
+        self.publisher = Publisher(cluster.cfg.weights, spec.engine.serving_dtype(spec.model.dtype),
+                                   load_base=base_reader(spec.model) if spec.join_from_base else None)
         """Publishes the versions of a trainer in this process (sharded trainer ranks have their own)."""
         self.boot_failures: list[str] = []
         self._stopping = False

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlboost.cluster.host_copy import HostCopy
+from rlboost.cluster.host_copy import HostCopy, base_reader
 from rlboost.cluster.manifest import PullResult, WeightManifest
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.factory import make_engine
@@ -89,7 +89,7 @@ class RolloutWorker:
         self.engine = (spec.engine_factory or configured_engine)(spec)
         self.fingerprint = self.engine.fingerprint
         self.checksum = ""
-        self.host = HostCopy(_base_reader(spec.model) if spec.join_from_base else None)
+        self.host = HostCopy(base_reader(spec.model) if spec.join_from_base else None)
         """The version served, as bytes patches apply to; it keeps what it fetched for peers to fetch."""
         self.history = None
         if spec.histospec is not None:
@@ -215,18 +215,6 @@ class RolloutWorker:
         if counts:
             self._ledger.write(("> " if sent else "") + " ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
             self._ledger.flush()
-
-
-def _base_reader(model: ModelConfig) -> Callable[[], dict]:
-    """Reads `model` from this machine's disk, in the model's dtype (the weight store casts it as the
-    trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
-
-    def read() -> dict:
-        from rlboost.models import load_model
-
-        return dict(load_model(model).model.named_parameters())
-
-    return read
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ class TrainerRank:
         self.rank, self.world_size = rank, world_size
         self.trainer = None
         self.publisher = None
+        self.model: ModelConfig | None = None
+        """The policy's model, as loaded at set-up: the base of a resumed run's patches."""
         self.captured: list[dict] = []
         self.store_socket: StoreSocket | None = None
         """Rank 0's: where its torch.distributed store serves."""
@@ -89,7 +91,7 @@ class TrainerRank:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=self.rank,
                                 world_size=self.world_size, timeout=timeout)
         mesh = make_mesh(device.type, self.world_size, config.shard_size)
-        policy = load_model(model).model
+        policy, self.model = load_model(model).model, model
         ref = load_model(ref_model or model).model if config.kl_coef > 0 else None
         config = TrainerConfig(**{**vars(config), "device": str(device)})
         self.trainer = ShardedTrainer(policy, config, mesh=mesh, ref_model=ref, **kwargs)
@@ -141,11 +143,15 @@ class TrainerRank:
         return self.trainer.step_state_bytes
 
     def publish(self, version: int, store, dtype: str):
+        from rlboost.cluster.host_copy import base_reader
         from rlboost.cluster.publisher import Publisher
         from rlboost.trainer.sharding import full_tensor
 
         if self.publisher is None or (self.publisher.cfg, self.publisher.dtype) != (store, dtype):
-            self.publisher = Publisher(store, dtype)  # it keeps the versions patches are made from
+            # it keeps the versions patches are made from; rank 0, which holds them, reads a resumed
+            # run's base from its disk
+            base = base_reader(self.model) if store.join_from_base and self.rank == 0 else None
+            self.publisher = Publisher(store, dtype, load_base=base)
         named = list(self.trainer.model.named_parameters())  # tied weights once, as at world 1
         out = self.publisher.publish(named, version, gather=full_tensor, keep=self.rank == 0)
         return out.manifest, out.peak_bytes
