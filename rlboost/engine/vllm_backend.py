@@ -129,6 +129,7 @@ class VllmEngine:
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             logprobs_mode="processed_logprobs",  # after temperature: see the module docstring
             enable_prefix_caching=False,  # a weight swap must never reuse K/V of the old weights
+            enable_chunked_prefill=_generators_rewind(current_platform),
             enable_sleep_mode=self.frees_memory_on_sleep,
             use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
         )
@@ -262,6 +263,15 @@ class VllmEngine:
         shutdown = getattr(engine, "shutdown", None) or getattr(engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _generators_rewind(platform) -> bool:
+    """Whether vLLM may split a prompt's prefill over steps here. After each partial prefill its model
+    runner throws away the token it sampled and rewinds a seeded request's generator by the draw it made
+    (`gen.set_offset(...)`, `v1/worker/gpu_model_runner.py`); only a CUDA-like (Philox) generator has
+    an offset: a CPU one raises "CPU Generator does not use offset" and kills the engine. So on a CPU
+    every prompt is prefilled whole, and seeded sampling stays (module docstring)."""
+    return not platform.is_cpu()
 
 
 def _packed_modules(model) -> dict[str, list[str]]:
