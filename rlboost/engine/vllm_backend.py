@@ -21,6 +21,9 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   -log(kept probability mass), at most -log(top_p) for top-p alone. No vLLM mode gives the value before
   truncation at T != 1 (`raw_logprobs` ignores the temperature), so the adapter says so rather than
   pretending (`logprobs_truncated` below).
+- Prefill: on a CPU every prompt is prefilled whole (chunked prefill off): vLLM rewinds a seeded
+  request's generator after a partial prefill, which only a CUDA generator can do
+  (`_generators_rewind`, docs/engine.md "Seeded sampling on a CPU").
 - Continuation: resubmitting prompt + partial tokens with the reduced budget is valid (right prefix,
   budget, aligned log-probs) on every platform and exact under greedy decoding. Sampled continuation is
   *not* the uninterrupted sample on vLLM (`exact_continuation = False`): its per-request generator
