@@ -338,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError
     from rlboost.rewards import RewardConfigError, RewardFunctionError
+    from rlboost.rollout.step_data import StepError
     from rlboost.trainer.errors import TrainerRankError
 
     try:
@@ -348,6 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RewardFunctionError, TrainerRankError) as e:  # the run stopped; its checkpoints and metrics are kept
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 1
+    except StepError as e:  # a step that cannot finish (no rollout worker left): the run stopped at it
+        console.print(f"[red]error:[/red] the step could not finish: {e}", markup=True, highlight=False,
+                      soft_wrap=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -148,3 +148,17 @@ def test_an_unreachable_ray_address_exits_2_in_one_line_before_ray(capsys):
     assert lines[-1] == f"error: cluster.ray_address=127.0.0.1:{port}: nothing answers there (connection refused)"
     assert len(lines) == 2 and "Traceback" not in captured.out + captured.err
     assert not ray.is_initialized()
+
+
+def test_a_step_that_cannot_finish_ends_the_run_in_one_line_exit_2(tmp_path, capsys, monkeypatch):
+    """What the hybrid step raises when no rollout worker is left (issue 26: it escaped as a traceback)."""
+    import rlboost.train
+    from rlboost.rollout.step_data import StepError
+
+    def no_worker_left(*args, **kwargs):
+        raise StepError("no rollout worker left at weight version 0: rese-1: it died: RuntimeError: boom")
+
+    monkeypatch.setattr(rlboost.train, "train", no_worker_left)
+    assert main(["train", str(CONFIGS / "hybrid_smoke.yaml"), f"run.output_dir={tmp_path}"]) == 2
+    assert error_lines(capsys) == ["error: the step could not finish: no rollout worker left at weight version 0: "
+                                   "rese-1: it died: RuntimeError: boom"]

@@ -21,6 +21,9 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
   -log(kept probability mass), at most -log(top_p) for top-p alone. No vLLM mode gives the value before
   truncation at T != 1 (`raw_logprobs` ignores the temperature), so the adapter says so rather than
   pretending (`logprobs_truncated` below).
+- Prefill: on a CPU every prompt is prefilled whole (chunked prefill off): vLLM rewinds a seeded
+  request's generator after a partial prefill, which only a CUDA generator can do
+  (`_generators_rewind`, docs/engine.md "Seeded sampling on a CPU").
 - Continuation: resubmitting prompt + partial tokens with the reduced budget is valid (right prefix,
   budget, aligned log-probs) on every platform and exact under greedy decoding. Sampled continuation is
   *not* the uninterrupted sample on vLLM (`exact_continuation = False`): its per-request generator
@@ -129,6 +132,7 @@ class VllmEngine:
             gpu_memory_utilization=config.vllm_gpu_memory_utilization,
             logprobs_mode="processed_logprobs",  # after temperature: see the module docstring
             enable_prefix_caching=False,  # a weight swap must never reuse K/V of the old weights
+            enable_chunked_prefill=_generators_rewind(current_platform),
             enable_sleep_mode=self.frees_memory_on_sleep,
             use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
         )
@@ -262,6 +266,15 @@ class VllmEngine:
         shutdown = getattr(engine, "shutdown", None) or getattr(engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()
+
+
+def _generators_rewind(platform) -> bool:
+    """Whether vLLM may split a prompt's prefill over steps here. After each partial prefill its model
+    runner throws away the token it sampled and rewinds a seeded request's generator by the draw it made
+    (`gen.set_offset(...)`, `v1/worker/gpu_model_runner.py`); only a CUDA-like (Philox) generator has
+    an offset: a CPU one raises "CPU Generator does not use offset" and kills the engine. So on a CPU
+    every prompt is prefilled whole, and seeded sampling stays (module docstring)."""
+    return not platform.is_cpu()
 
 
 def _packed_modules(model) -> dict[str, list[str]]:
