@@ -17,7 +17,7 @@ GPU_PY     ?= $(GPU_VENV)/bin/python
 GPU_STAMP  := $(GPU_VENV)/.installed-stamp
 OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: install install-vllm install-gpu demo test test-slow test-vllm test-gpu bench clean
+.PHONY: install install-vllm install-gpu demo test test-slow test-vllm test-gpu bench bench-vllm clean
 
 install: $(STAMP)
 
@@ -62,7 +62,7 @@ test: $(STAMP)
 
 # The vLLM backend's tests (marked `vllm`), run for real on the CPU; `make test` skips them without vLLM.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_VENV)/bin/pytest -q -m vllm $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/pytest -q -m "vllm and not bench" $(PYTEST_ARGS)
 
 # Every test marked `gpu`, then a short benchmark of both engine backends (SmolLM2 from its bundled GGUF), on
 # whatever CUDA GPUs GPU_PY's torch sees; offline (no model hub). Stops with one line where there is none.
@@ -86,6 +86,10 @@ test-slow: $(STAMP)
 # Benchmarks and larger runs (marked `bench`), left out of make test and CI: each test's docstring says why.
 bench: $(STAMP)
 	$(VENV)/bin/pytest -q -m bench $(PYTEST_ARGS)
+
+# The larger runs on the vLLM backend (marked `vllm` and `bench`), left out of make test-vllm and CI.
+bench-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/pytest -q -m "vllm and bench" $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(GPU_VENV) outputs .pytest_cache

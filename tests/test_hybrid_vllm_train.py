@@ -56,8 +56,12 @@ def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys):
               f"ppo_kl {m['actor/ppo_kl']:.1e}")
 
 
+@pytest.mark.bench
 def test_the_showcase_on_vllm_runs_to_the_end(tmp_path, capsys):
-    """The showcase (SmolLM2, GRPO on its shaped reward, its spot-trace replay on the run's progress),
+    """A larger run of what the smoke run above checks in CI (7 minutes and ~7 GB free on a 2-core
+    machine: past CI's time budget; `make bench-vllm` runs it).
+
+    The showcase (SmolLM2, GRPO on its shaped reward, its spot-trace replay on the run's progress),
     shortened to its evaluation and one step, with one instance: 5% of the trace's instances
     (`trace.sample=0.05`: one, none from replay second 324 to 348, then one again) instead of 10% (up
     to three), since a vLLM engine of SmolLM2 on a CPU holds about 2.5 GB. 8.3 generated tokens per
