@@ -9,7 +9,7 @@ import random
 import psutil
 import pytest
 
-from hybrid_util import after_tokens, check_invariants, kill, patience, preemptible, reference, run_step, start_fleet
+from hybrid_util import advance, after_tokens, check_invariants, kill, patience, preemptible, run_step, start_fleet
 from rlboost.hybrid.handles import PREEMPTIBLE
 
 
@@ -23,11 +23,11 @@ def fleet(tmp_path_factory):
 
 
 def test_removed_nodes_lose_no_sample(fleet):
-    ref = reference()
+    advance(fleet)  # tensors of its own: the migrated samples are checked against them
     rng = random.Random(7)
     faults = [(after_tokens(preemptible(0), rng.randrange(8, 200)), kill(fleet, preemptible(0), how="node"))]
     out, run = run_step(fleet, faults=faults)
-    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     assert run.stats.preemptions == 1 and run.stats.migrated["preempted"] > 0
 
     fleet.replenish()  # a new node joins at a step boundary
@@ -56,7 +56,7 @@ def test_removed_nodes_lose_no_sample(fleet):
     finally:
         if worker.is_running():
             worker.resume()
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     # found out from the cluster (the node table, or the actor's death it reports), not by waiting out
     # the heartbeat timeout
@@ -79,10 +79,9 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     locations = ray.experimental.get_object_locations(refs)
     for ref in refs:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
-    fleet.publish(fleet.weights, version=joined_at.version + 1)  # a new version every live instance pulls
-    fleet.wait_ready(timeout_s=patience(120))
+    advance(fleet)  # a new version every live instance pulls
     patch = fleet.manifest.patch_from(joined_at.version, joined_at.checksum)
-    assert patch is not None  # the same tensors again: a patch of headers only
+    assert patch is not None
     locations = ray.experimental.get_object_locations(patch.parts)
     for ref in patch.parts:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
@@ -121,3 +120,6 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     assert modes[joiner.name] == "from_base"
     assert all(not h.alive or h.name in fleet.killed for h in holders)
     assert ray.experimental.get_object_locations(patch.parts)  # still held by the publisher
+    out, run = run_step(fleet)  # what it built from its disk and the patch is the version's weights
+    check_invariants(out, run, state=fleet.served())
+    assert run.stats.tokens_by_worker[joiner.name] > 0
