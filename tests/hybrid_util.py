@@ -213,8 +213,11 @@ def reserved_streamed(run: StepRun) -> bool:
 def advance(fleet: Fleet) -> int:
     """Publish the next version, with tensors of its own, and wait until every live worker serves it."""
     version = fleet.manifest.version + 1
+    serving = {h.name for h in fleet.manager.table.alive()}
     fleet.publish(version_weights(version), version)
-    fleet.wait_ready(timeout_s=patience(120))
+    fleet.wait_ready(timeout_s=patience(120))  # returns at once too when every pull failed and was dropped
+    dropped = [(h.name, h.fenced) for h in fleet.manager.table.handles() if h.name in serving and not h.alive]
+    assert not dropped, f"workers dropped while pulling version {version}: {dropped}"
     return version
 
 

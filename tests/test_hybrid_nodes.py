@@ -22,6 +22,12 @@ def fleet(tmp_path_factory):
     fleet.shutdown()
 
 
+def one_matrix_moved(state: dict) -> dict:
+    """`state` with its smallest matrix moved by 0.25: a version other versions reach by a small patch."""
+    name = max(state, key=lambda n: (state[n].dim() == 2, -state[n].numel()))
+    return state | {name: state[name] + 0.25}
+
+
 def test_removed_nodes_lose_no_sample(fleet):
     advance(fleet)  # tensors of its own: the migrated samples are checked against them
     rng = random.Random(7)
@@ -79,9 +85,10 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     locations = ray.experimental.get_object_locations(refs)
     for ref in refs:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
-    advance(fleet)  # a new version every live instance pulls
+    fleet.publish(one_matrix_moved(fleet.served()), version=joined_at.version + 1)  # every live instance pulls it
+    fleet.wait_ready(timeout_s=patience(120))
     patch = fleet.manifest.patch_from(joined_at.version, joined_at.checksum)
-    assert patch is not None
+    assert patch is not None  # one matrix changed: a patch, not the whole version
     locations = ray.experimental.get_object_locations(patch.parts)
     for ref in patch.parts:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
@@ -99,8 +106,7 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
     before = fleet.manifest
-    name = max(fleet.weights, key=lambda n: (fleet.weights[n].dim() == 2, -fleet.weights[n].numel()))  # a small matrix
-    fleet.publish(fleet.weights | {name: fleet.weights[name] + 0.25}, version=before.version + 1)
+    fleet.publish(one_matrix_moved(fleet.weights), version=before.version + 1)  # a small patch from the base
     fleet.wait_ready(timeout_s=patience(120))
     patch = fleet.manifest.patch_from_base()
     assert patch is not None and patch.nbytes < fleet.manifest.nbytes / 10
