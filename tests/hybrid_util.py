@@ -1,6 +1,11 @@
 """Shared by the hybrid tests: a local fleet of tiny-model workers, a greedy workload, its reference
-outputs from a plain in-process engine, faults scripted at exact events of a step, and the invariant
-checks every hybrid test runs.
+outputs from a plain in-process engine, different tensors at every weight version, faults scripted at
+exact events of a step, and the invariant checks every hybrid test runs.
+
+Stale weights: each version after the base moves every parameter by seeded noise (`version_weights`),
+and `check_invariants` recomputes every sample with a plain forward pass of the model holding the
+tensors published as the version the sample is tagged with. A worker serving any other version (a
+skipped or half-applied pull, a joiner that never loaded) fails it by orders of magnitude.
 
 These tests use real processes, real Ray and real kills, so some waits are unavoidable. None decides
 a result: a fault fires when the step reaches a state (a token count, a hand-off), not after a
@@ -11,6 +16,7 @@ every limit on how long something may take (a worker's boot, a stalled step) is 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import os
@@ -18,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import torch
 
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.ray_cluster import Cluster
@@ -31,6 +39,7 @@ from rlboost.hybrid.step_run import StepRun
 from rlboost.hybrid.worker import WorkerSpec, read_ledger
 from rlboost.models import ModelConfig, load_model
 from rlboost.rollout import new_groups
+from rlboost.trainer.logprobs import pad_batch
 
 MODEL = ModelConfig(path="tiny:qwen2")
 ENGINE = EngineConfig(device="cpu", max_num_seqs=16, stream_interval=4)
@@ -84,9 +93,45 @@ def weights(model: ModelConfig = MODEL) -> dict:
     return {name: p.detach() for name, p in load_model(model).model.named_parameters()}
 
 
+@functools.cache
+def base_weights() -> dict:
+    """`weights()` of MODEL, read once: version 0 of every test fleet, the base joiners patch from."""
+    return weights()
+
+
+PERTURBATION = 0.01
+"""Std of the seeded noise each version after the base adds to every parameter (the tiny model's are
+drawn with std 0.1). Measured on this workload's greedy responses: a token's log-prob under the base
+weights and under version 1 differ by up to 0.64 (0.26 on average), 4e5 times the float noise between
+the engine and a plain forward pass (1.4e-6); 4 tokens in 10 stop being the greedy choice."""
+
+
+def version_weights(version: int) -> dict:
+    """What the trainer publishes as `version`: the base at 0, each later version the base plus noise
+    seeded by the version, so no two versions share a tensor."""
+    base = base_weights()
+    if version == 0:
+        return base
+    noise = torch.Generator().manual_seed(version)
+    return {name: p + PERTURBATION * torch.randn(p.shape, generator=noise) for name, p in base.items()}
+
+
 class OwnClusterFleet(Fleet):
     """A test's fleet on a cluster of its own: its shutdown ends the cluster too, as each test module
-    starts fleets one after another in one process."""
+    starts fleets one after another in one process. It remembers the tensors it published as each
+    version, which `check_invariants` recomputes samples with."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.published: dict[int, dict] = {}
+
+    def publish(self, state, version: int):
+        self.published[version] = state
+        return super().publish(state, version)
+
+    def served(self) -> dict:
+        """The tensors of the version the fleet serves now."""
+        return self.published[self.manifest.version]
 
     def shutdown(self) -> None:
         try:
@@ -111,7 +156,7 @@ def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = N
     cluster = Cluster(cluster_cfg, hybrid.instances)
     fleet = OwnClusterFleet(hybrid, spec, RolloutManager(hybrid, cluster_cfg.weights), cluster)
     try:
-        state = weights(spec.model)
+        state = base_weights() if spec.model == MODEL else weights(spec.model)
         fleet.publish(state, version=0)
         fleet.start(RESERVED, 1)
         fleet.start(PREEMPTIBLE, num_preemptible)
@@ -165,14 +210,27 @@ def reserved_streamed(run: StepRun) -> bool:
     return run.stats.tokens_by_kind[RESERVED] > 0
 
 
+def advance(fleet: Fleet) -> int:
+    """Publish the next version, with tensors of its own, and wait until every live worker serves it."""
+    version = fleet.manifest.version + 1
+    serving = {h.name for h in fleet.manager.table.alive()}
+    fleet.publish(version_weights(version), version)
+    fleet.wait_ready(timeout_s=patience(120))  # returns at once too when every pull failed and was dropped
+    dropped = [(h.name, h.fenced) for h in fleet.manager.table.handles() if h.name in serving and not h.alive]
+    assert not dropped, f"workers dropped while pulling version {version}: {dropped}"
+    return version
+
+
 def run_step(fleet: Fleet, handoff: Callable[[StepRun], bool] | None = reserved_streamed, faults: list[Fault] = (),
-             version: int = 0):
-    """One step of the workload with `faults` scripted at exact events. The seeding window has no
-    length: it ends when `handoff(run)` holds (None: no window, every worker generates to the end, as
-    in an evaluation), so the hand-off happens at an event of the step, never after some time. Returns
+             version: int | None = None):
+    """One step of the workload at `version` (default: the one the fleet serves) with `faults` scripted
+    at exact events. The seeding window has no length: it ends when `handoff(run)` holds (None: no
+    window, every worker generates to the end, as in an evaluation), so the hand-off happens at an
+    event of the step, never after some time. Returns
     (groups in arrival order, the StepRun). A step with no progress for `patience(STALL_S)` is
     cancelled: a hang fails the test instead of blocking the suite."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
+    version = fleet.manifest.version if version is None else version
     run = fleet.manager.start_step(groups, GREEDY, version=version,
                                    seed_window_s=None if handoff is None else math.inf)
     done = threading.Event()
@@ -217,19 +275,28 @@ def refill(fleet: Fleet) -> None:
     assert len(fleet.manager.table.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
-def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, version: int = 0) -> int:
-    """Exactly once, on-policy, exact continuation (greedy == reference), bounded waste. With the
-    workers' ledgers: no killed worker held more than stream_interval tokens of a request unsent; the
-    return value is what Ray still carried when they died (sent, never received: not bounded by us)."""
+def check_invariants(out, run: StepRun, ref=None, ledger_dir: Path | None = None, version: int | None = None,
+                     state: dict | None = None) -> int:
+    """Exactly once, on-policy, exact continuation, bounded waste. Every sample is tagged with
+    `version` (default: the step's) and recomputed with a plain forward pass of `state`, the tensors
+    published as it (default: the base's, which some tests publish under every version): each token
+    is their greedy choice and its recorded log-prob theirs at float noise (`check_served`). `ref`,
+    where given: the base weights' outputs from an in-process engine, matched exactly. With the
+    workers' ledgers: no killed worker held more than stream_interval tokens of a request unsent;
+    the return value is what Ray still carried when they died (sent, never received: not bounded by
+    us)."""
+    version = run.version if version is None else version
     assert sorted(g.index for g in out) == list(range(NUM_PROMPTS))  # every group once
     samples = [s for g in out for s in g.samples]
-    assert sorted(key(s.uid) for s in samples) == sorted(ref)  # every sample once
+    assert len({key(s.uid) for s in samples}) == len(samples) == NUM_PROMPTS * N  # every sample once
     for s in samples:
-        tokens, logprobs = ref[key(s.uid)]
         assert s.finish_reason == "length" and len(s.response_ids) == MAX_TOKENS, s.uid
-        assert s.response_ids == tokens, f"{s.uid} is not the uninterrupted greedy continuation"
-        assert max(abs(a - b) for a, b in zip(s.logprobs, logprobs)) < 1e-4, s.uid
         assert s.versions == [version] * MAX_TOKENS, s.uid
+        if ref is not None:
+            tokens, logprobs = ref[key(s.uid)]
+            assert s.response_ids == tokens, f"{s.uid} is not the uninterrupted greedy continuation"
+            assert max(abs(a - b) for a, b in zip(s.logprobs, logprobs)) < 1e-4, s.uid
+    check_served(samples, base_weights() if state is None else state)
     in_transit = 0
     if ledger_dir is not None:  # tokens generated on a killed worker but never received
         interval = ENGINE.stream_interval
@@ -245,11 +312,40 @@ def check_invariants(out, run: StepRun, ref, ledger_dir: Path | None = None, ver
     return in_transit
 
 
+LOGPROB_NOISE = 1e-4
+"""How far a recorded log-prob may be from a plain forward pass's: float rounding (measured 1.4e-6
+between the engine and the forward pass), far below what another version's weights move (PERTURBATION)."""
+
+
+def check_served(samples, state: dict) -> None:
+    """Every sample is what the weights `state` generate greedily: a forward pass of the model holding
+    them, independent of the engine (its cache, batching, migrations and weight loading), finds each
+    response token to be the most likely one (up to float noise) and its log-prob the one recorded."""
+    model = load_model(MODEL).model
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied weights appear once
+            p.copy_(state[name])
+        batch = pad_batch([s.prompt_ids for s in samples], [s.response_ids for s in samples])
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        predicting = torch.gather(torch.log_softmax(logits, -1), 1,
+                                  batch["predict_pos"][..., None].expand(-1, -1, logits.shape[-1]))
+        chosen = predicting.gather(-1, batch["response_ids"][..., None]).squeeze(-1)
+        best = predicting.max(-1).values
+    for b, s in enumerate(samples):
+        n = len(s.response_ids)
+        recorded = torch.tensor(s.logprobs)
+        off = (chosen[b, :n] - recorded).abs().max().item()
+        assert off < LOGPROB_NOISE, (f"{s.uid}: recorded log-probs are up to {off:.2e} from the weights of version "
+                                     f"{s.versions[0]} (stale weights?)")
+        behind = (best[b, :n] - chosen[b, :n]).max().item()
+        assert behind < LOGPROB_NOISE, f"{s.uid}: a token {behind:.2e} below the greedy choice of its version's weights"
+
+
 def key(uid: str) -> str:
     """`group:sample` of a `step:group:sample` uid."""
     return uid.split(":", 1)[1]
 
 
-__all__ = ["ENGINE", "MODEL", "WorkerHandle", "after_tokens", "busiest", "check_invariants", "handed_off", "kill",
-           "load_factor", "patience", "preemptible", "reference", "refill", "reserved_streamed", "run_step",
-           "start_fleet"]
+__all__ = ["ENGINE", "MODEL", "WorkerHandle", "advance", "after_tokens", "base_weights", "busiest", "check_invariants",
+           "check_served", "handed_off", "kill", "load_factor", "patience", "preemptible", "reference", "refill",
+           "reserved_streamed", "run_step", "start_fleet", "version_weights"]

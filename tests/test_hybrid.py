@@ -1,8 +1,11 @@
 """Hybrid rollout with real processes and real kills (SIGKILL of worker processes), each fault fired at
 an exact event of the step (a worker's token count, the hand-off): every sample finishes exactly
-once, on-policy, as the exact continuation of its tokens, with bounded waste; a fenced or frozen
-worker's late tokens are dropped; the step finishes without preemptible workers at all. The step's
-decisions themselves are tested without Ray in test_step_state.py."""
+once, on-policy, as the exact continuation of its tokens under the weights of the version it is
+tagged with, with bounded waste; a fenced or frozen worker's late tokens are dropped; the step
+finishes without preemptible workers at all. The fleet moves to a new version, with tensors of its
+own, before each SIGKILL step and serves it in the tests after, so the samples that migrate, and
+the replacements that join, are checked against the weights of their version. The step's decisions
+themselves are tested without Ray in test_step_state.py."""
 
 from __future__ import annotations
 
@@ -12,53 +15,50 @@ import signal
 
 import pytest
 
-from hybrid_util import (ENGINE, after_tokens, busiest, check_invariants, handed_off, kill, patience, preemptible,
-                         reference, refill, run_step, start_fleet)
+from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, kill, patience,
+                         preemptible, reference, refill, run_step, start_fleet, version_weights)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 from rlboost.hybrid.worker import read_ledger
 
 
 @pytest.fixture(scope="module")
-def ref():
-    return reference()
-
-
-@pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid")
-    fleet, weights = start_fleet(tmp, num_preemptible=3)
-    fleet.weights, fleet.tmp = weights, tmp
+    fleet, _ = start_fleet(tmp, num_preemptible=3)
+    fleet.tmp = tmp
     yield fleet
     fleet.shutdown()
 
 
-def test_unkilled_step_matches_the_single_engine(fleet, ref):
+def test_unkilled_step_matches_the_single_engine(fleet):
     from rlboost.cluster.ray_setup import non_loopback_listeners
 
     assert os.environ.get("RAY_AUTH_MODE") == "token"  # the run's Ray demands its token
+    assert fleet.manifest.version == 0  # the base weights, whose outputs `reference()` has
     out, run = run_step(fleet)
     assert non_loopback_listeners() == []  # nothing of it, workers included, listens beyond 127.0.0.1
-    check_invariants(out, run, ref)
+    check_invariants(out, run, reference(), state=fleet.served())
     assert run.stats.migrated["seed_handoff"] > 0  # the reserved worker handed its partial samples over
     assert run.stats.tokens_by_kind[RESERVED] > 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
     assert run.stats.deaths == []
 
 
 @pytest.mark.parametrize("seed", [0, 1])
-def test_sigkilled_workers_lose_no_sample(fleet, ref, seed):
+def test_sigkilled_workers_lose_no_sample(fleet, seed):
+    advance(fleet)  # the migrated samples are then checked against weights no other version has
     # two instances killed once each has streamed a (seeded) number of tokens
     rng = random.Random(seed)
     victims = rng.sample(range(3), 2)
     faults = [(after_tokens(preemptible(i), rng.randrange(8, 200)), kill(fleet, preemptible(i))) for i in victims]
     out, run = run_step(fleet, faults=faults)
-    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     assert run.stats.preemptions == 2 and run.stats.migrated["preempted"] > 0, run.stats
     assert run.stats.in_flight_at_preemption > 0
     assert any(t.migrations >= 1 for t in run.tracked.values())
     refill(fleet)
 
 
-def test_a_fenced_worker_cannot_contribute(fleet, ref):
+def test_a_fenced_worker_cannot_contribute(fleet):
     # fence the busiest instance once it has streamed 16 tokens after the hand-off; it keeps streaming
     fenced = {}
 
@@ -67,14 +67,14 @@ def test_a_fenced_worker_cannot_contribute(fleet, ref):
         fleet.manager.table.fence(fenced["name"], "test: declared dead while alive")
 
     out, run = run_step(fleet, faults=[(lambda run: (b := busiest(run)) and after_tokens(lambda _: b, 16)(run), fence)])
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     assert run.stats.fenced_tokens_dropped > 0  # it did send more, and all of it was dropped
     dead = [h for h in fleet.manager.table.handles() if not h.alive]
     assert [h.name for h in dead] == [fenced["name"]] and dead[0].stream is not None  # still streaming
     refill(fleet)
 
 
-def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(fleet, ref):
+def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(fleet):
     """The manager may learn of a death from a failed call, the node table or a fence while reports the
     worker sent before it stopped wait unread (a turn can be 200 ms away, and a fast engine streams
     several reports in that time). Those tokens count (invariant 4). Here the manager's reader skips the
@@ -112,7 +112,7 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     finally:
         if "h" in victim:
             fleet.preempt(victim["h"])  # frozen and fenced: end it
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     assert name == victim["h"].name and reason.startswith("test:"), run.stats.deaths
     lost = {rid: n - run.stats.received[rid] for rid, n in victim["sent"].items()
@@ -121,7 +121,7 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     refill(fleet)
 
 
-def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
+def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet):
     """SIGSTOP freezes a busy instance: Ray still counts it alive and its stream just goes quiet. Missed
     heartbeats and an unanswered ping get it declared dead; SIGCONT once it is lets it stream again,
     and all of it is dropped."""
@@ -143,47 +143,48 @@ def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet, ref):
         cfg.heartbeat_timeout_s = saved
         if "h" in frozen:
             os.kill(frozen["h"].pid, signal.SIGCONT)
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     assert name == frozen["h"].name and reason.startswith("no sign of life"), run.stats.deaths
     assert run.stats.fenced_tokens_dropped > 0
     refill(fleet)
 
 
-def test_all_preemptible_workers_dying_mid_step(fleet, ref):
+def test_all_preemptible_workers_dying_mid_step(fleet):
     kill_all = (handed_off, lambda run: [fleet.preempt(h) for h in fleet.killable()])
     out, run = run_step(fleet, faults=[kill_all])
-    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     assert run.stats.preemptions == 3 and run.stats.fallback
     assert run.stats.tokens_by_kind[RESERVED] > 0  # the reserved worker took the work back
     refill(fleet)
 
 
-def test_a_worker_at_another_weight_version_gets_no_work(fleet, ref):
+def test_a_worker_at_another_weight_version_gets_no_work(fleet):
     """Invariant 1: only workers holding the step's version generate. One preemptible worker is frozen
-    (SIGSTOP) when version 1 is published (same tensors, so the reference outputs stay valid): its pull
-    cannot finish, so it must stay idle through the step, and serve again once it has pulled."""
+    (SIGSTOP) when the next version, with tensors of its own, is published: its pull cannot finish, so
+    it must stay idle through the step (a token of its old weights would fail the check), and serve
+    again once it has pulled."""
     stale = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    before = fleet.manifest.version
     os.kill(stale.pid, signal.SIGSTOP)
     try:
-        fleet.publish(fleet.weights, version=1)  # returns without waiting for preemptible pulls
-        out, run = run_step(fleet, version=1)
-        check_invariants(out, run, ref, version=1)
-        assert stale.alive and stale.version == 0 and stale.pull is not None
+        fleet.publish(version_weights(before + 1), version=before + 1)  # returns without waiting for preemptible pulls
+        out, run = run_step(fleet)
+        check_invariants(out, run, state=fleet.served())
+        assert run.version == before + 1
+        assert stale.alive and stale.version == before and stale.pull is not None
         assert run.stats.tokens_by_worker[stale.name] == 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
     finally:
         os.kill(stale.pid, signal.SIGCONT)
     fleet.wait_ready(timeout_s=patience(120))
-    assert stale.version == 1 and stale.checksum == fleet.manifest.checksum
-    fleet.publish(fleet.weights, version=0)  # back to version 0 for the other tests
-    fleet.wait_ready(timeout_s=patience(120))
+    assert stale.version == before + 1 and stale.checksum == fleet.manifest.checksum
 
 
-def test_zero_preemptible_workers(fleet, ref):
+def test_zero_preemptible_workers(fleet):
     for h in fleet.manager.table.alive(PREEMPTIBLE):
         fleet.preempt(h)
     out, run = run_step(fleet)  # the kills are found out during the step, as a real preemption would be
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     assert run.stats.tokens_by_kind[PREEMPTIBLE] == 0
     # the window may close before a kill is found out (a loaded machine): whatever was handed to a
     # dead instance came back as a preemption and finished on the reserved worker
@@ -191,12 +192,12 @@ def test_zero_preemptible_workers(fleet, ref):
     fleet.manager.table.reap()
     assert fleet.manager.table.alive(PREEMPTIBLE) == []
     out, run = run_step(fleet)
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     assert run.stats.seed_s == pytest.approx(run.stats.rollout_s)  # nobody to hand off to: no switch
     refill(fleet)
 
 
-def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, ref, monkeypatch):
+def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, monkeypatch):
     """The trainer stops reading after its last group (it never resumes the generator), and the
     controller reads the step's timings right then: they must be final, whatever the loop thread is
     still doing. The loop is held up after it handed out the last group to make the race certain."""
@@ -218,7 +219,7 @@ def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, ref, m
     from rlboost.rollout import new_groups
 
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
-    run = fleet.manager.start_step(groups, GREEDY, version=0, seed_window_s=0.3)
+    run = fleet.manager.start_step(groups, GREEDY, version=fleet.manifest.version, seed_window_s=0.3)
     stream = run.groups()
     got = [next(stream) for _ in groups]  # as the trainer reads: exactly as many as there are groups
     stats = run.stats
@@ -228,4 +229,4 @@ def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, ref, m
     assert remote_s >= 0 and waited == pytest.approx(0.5)
     run.wait()
     assert run.loop_cpu_s > 0 and not run.thread.is_alive()
-    check_invariants(got, run, ref)
+    check_invariants(got, run, state=fleet.served())

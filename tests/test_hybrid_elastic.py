@@ -1,5 +1,7 @@
 """Instances on their own schedule: joining mid-step, pulling weights, dying mid-pull, being refused,
-and preemption notices (invariants 1, 2, 4, 5, 7), with real processes and real kills."""
+and preemption notices (invariants 1, 2, 4, 5, 7), with real processes and real kills. From the first
+test on, the fleet serves a version with tensors of its own (not the base every instance boots with),
+so a joiner's samples are checked against the weights it pulled."""
 
 from __future__ import annotations
 
@@ -12,8 +14,7 @@ import time
 import pytest
 import ray
 
-from hybrid_util import (ENGINE, MODEL, busiest, check_invariants, handed_off, patience, reference, run_step,
-                         start_fleet)
+from hybrid_util import ENGINE, MODEL, advance, busiest, check_invariants, handed_off, patience, run_step, start_fleet
 from rlboost.cluster import weights as ws
 from rlboost.hybrid.fleet import WorkerActor
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
@@ -21,17 +22,13 @@ from rlboost.models import ModelConfig, load_model
 
 
 @pytest.fixture(scope="module")
-def ref():
-    return reference()
-
-
-@pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic")
     # small batches make a step long enough (seconds) for an instance to boot and join during it
-    fleet, state = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=20, pull_retries=2),
-                               spec_overrides={"engine": dataclasses.replace(ENGINE, max_num_seqs=4)})
-    fleet.weights, fleet.tmp = state, tmp
+    fleet, _ = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=20, pull_retries=2),
+                           spec_overrides={"engine": dataclasses.replace(ENGINE, max_num_seqs=4)})
+    fleet.tmp = tmp
+    advance(fleet)
     yield fleet
     fleet.shutdown()
 
@@ -48,7 +45,7 @@ def kill_all_preemptible(fleet):
     fleet.reap()
 
 
-def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet, ref):
+def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet):
     """An instance started once the reserved worker is busy with the step joins it when its pull
     verifies. The step cannot end before that, however long the boot takes: the reserved worker is
     frozen (SIGSTOP) from the join until the step has the newcomer serving, then thawed."""
@@ -75,10 +72,10 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet, ref):
         cfg.heartbeat_timeout_s = saved
         if "h" in frozen:
             os.kill(frozen["h"].pid, signal.SIGCONT)
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     (h,) = joined
     assert h.ready is not None and h.ready > run.t0  # it verified its weights during the step...
-    assert h.version == 0 and h.checksum == fleet.manifest.checksum
+    assert h.version == fleet.manifest.version and h.checksum == fleet.manifest.checksum
     assert run.stats.tokens_by_worker[h.name] > 0  # ...and joined the dispatch then
     assert run.stats.deaths == []  # the frozen reserved worker was waited for, not declared dead
     pulls = fleet.manager.pulls.take_stats()
@@ -86,7 +83,7 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet, ref):
     kill_all_preemptible(fleet)
 
 
-def test_an_instance_killed_mid_pull_never_serves_and_blocks_nothing(fleet, ref):
+def test_an_instance_killed_mid_pull_never_serves_and_blocks_nothing(fleet):
     spec = fleet.spec
     fleet.spec = dataclasses.replace(spec, pull_delay_s=NEVER_S)
     try:
@@ -97,13 +94,13 @@ def test_an_instance_killed_mid_pull_never_serves_and_blocks_nothing(fleet, ref)
     fleet.preempt(h)
     t0 = time.monotonic()
     out, run = run_step(fleet)
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     assert not h.alive and h.version == -1 and run.stats.tokens_by_worker[h.name] == 0
     assert time.monotonic() - t0 < NEVER_S  # the step did not wait for the pull to end
     fleet.reap()
 
 
-def test_a_pull_failing_its_checksum_is_retried_then_the_instance_dropped(fleet, ref):
+def test_a_pull_failing_its_checksum_is_retried_then_the_instance_dropped(fleet):
     good = fleet.manager.manifest
     first = good.buckets[0]
     fleet.manager.pulls.take_stats()
@@ -118,7 +115,7 @@ def test_a_pull_failing_its_checksum_is_retried_then_the_instance_dropped(fleet,
     assert "weight pull failed 3 times" in h.fenced and "checksum" in h.fenced
     assert fleet.manager.pulls.take_stats().pull_failures == 3
     out, run = run_step(fleet)
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     fleet.reap()
 
 
@@ -147,7 +144,7 @@ def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
     assert "checksum" in fleet.manager.pulls.stats.refused[-1][1]
 
 
-def test_a_noticed_preemption_wastes_no_tokens(fleet, ref):
+def test_a_noticed_preemption_wastes_no_tokens(fleet):
     fleet.start(PREEMPTIBLE, 2)
     fleet.wait_ready(timeout_s=patience(120))
     victim = {}
@@ -162,7 +159,7 @@ def test_a_noticed_preemption_wastes_no_tokens(fleet, ref):
 
     out, run = run_step(fleet, faults=[(lambda run: handed_off(run) and busiest(run) is not None, notice),
                                        (gone, lambda run: fleet.preempt(victim["h"]))])
-    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     h = victim["h"]
     # what it held when warned went back by the notice (or finished, or moved, before the notice arrived)
     assert victim["in_flight"] > 0 and run.stats.migrated["noticed"] > 0

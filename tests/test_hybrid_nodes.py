@@ -9,7 +9,7 @@ import random
 import psutil
 import pytest
 
-from hybrid_util import after_tokens, check_invariants, kill, patience, preemptible, reference, run_step, start_fleet
+from hybrid_util import advance, after_tokens, check_invariants, kill, patience, preemptible, run_step, start_fleet
 from rlboost.hybrid.handles import PREEMPTIBLE
 
 
@@ -22,12 +22,18 @@ def fleet(tmp_path_factory):
     fleet.shutdown()
 
 
+def one_matrix_moved(state: dict) -> dict:
+    """`state` with its smallest matrix moved by 0.25: a version other versions reach by a small patch."""
+    name = max(state, key=lambda n: (state[n].dim() == 2, -state[n].numel()))
+    return state | {name: state[name] + 0.25}
+
+
 def test_removed_nodes_lose_no_sample(fleet):
-    ref = reference()
+    advance(fleet)  # tensors of its own: the migrated samples are checked against them
     rng = random.Random(7)
     faults = [(after_tokens(preemptible(0), rng.randrange(8, 200)), kill(fleet, preemptible(0), how="node"))]
     out, run = run_step(fleet, faults=faults)
-    check_invariants(out, run, ref, fleet.tmp / "ledgers")
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     assert run.stats.preemptions == 1 and run.stats.migrated["preempted"] > 0
 
     fleet.replenish()  # a new node joins at a step boundary
@@ -56,7 +62,7 @@ def test_removed_nodes_lose_no_sample(fleet):
     finally:
         if worker.is_running():
             worker.resume()
-    check_invariants(out, run, ref)
+    check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     # found out from the cluster (the node table, or the actor's death it reports), not by waiting out
     # the heartbeat timeout
@@ -65,24 +71,28 @@ def test_removed_nodes_lose_no_sample(fleet):
 
 def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
     """Peer to peer: after instances on their own nodes pulled a version, Ray's object directory lists
-    their nodes as holders of every object they fetched (the full buckets of the version they joined
-    at, the patch of the next one), so a later joiner can fetch from them, not only from the trainer's
-    node."""
+    their nodes as holders of every object they fetched (the full buckets of a version they pulled
+    whole, the patch of the next one), so a later joiner can fetch from them, not only from the
+    trainer's node."""
     import ray
 
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
     holders = {h.node_id for h in fleet.manager.table.alive(PREEMPTIBLE)}
     assert len(holders) == 2
+    # the version served changed every tensor, offered no patch and so left no instance a copy to patch
+    # from: this one, one matrix away, is pulled in full and kept, so the next comes by a patch
+    fleet.publish(one_matrix_moved(fleet.served()), version=fleet.manifest.version + 1)
+    fleet.wait_ready(timeout_s=patience(120))
     joined_at = fleet.manifest
     refs = [b.ref for b in joined_at.buckets]
     locations = ray.experimental.get_object_locations(refs)
     for ref in refs:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
-    fleet.publish(fleet.weights, version=joined_at.version + 1)  # a new version every live instance pulls
+    fleet.publish(one_matrix_moved(fleet.served()), version=joined_at.version + 1)  # every live instance pulls it
     fleet.wait_ready(timeout_s=patience(120))
     patch = fleet.manifest.patch_from(joined_at.version, joined_at.checksum)
-    assert patch is not None  # the same tensors again: a patch of headers only
+    assert patch is not None  # one matrix changed: a patch, not the whole version
     locations = ray.experimental.get_object_locations(patch.parts)
     for ref in patch.parts:
         assert holders <= set(locations[ref]["node_ids"]), locations[ref]
@@ -100,8 +110,7 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
     before = fleet.manifest
-    name = max(fleet.weights, key=lambda n: (fleet.weights[n].dim() == 2, -fleet.weights[n].numel()))  # a small matrix
-    fleet.publish(fleet.weights | {name: fleet.weights[name] + 0.25}, version=before.version + 1)
+    fleet.publish(one_matrix_moved(fleet.weights), version=before.version + 1)  # a small patch from the base
     fleet.wait_ready(timeout_s=patience(120))
     patch = fleet.manifest.patch_from_base()
     assert patch is not None and patch.nbytes < fleet.manifest.nbytes / 10
@@ -121,3 +130,6 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     assert modes[joiner.name] == "from_base"
     assert all(not h.alive or h.name in fleet.killed for h in holders)
     assert ray.experimental.get_object_locations(patch.parts)  # still held by the publisher
+    out, run = run_step(fleet)  # what it built from its disk and the patch is the version's weights
+    check_invariants(out, run, state=fleet.served())
+    assert run.stats.tokens_by_worker[joiner.name] > 0

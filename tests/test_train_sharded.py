@@ -12,7 +12,7 @@ import ray
 
 from rlboost.cli import main
 from rank_faults import kill_rank_before_pass
-from test_train import QUIET, SMOKE, metrics_of, run_cli, train
+from test_train import QUIET, SMOKE, assert_rollout_served_the_trainers_weights, metrics_of, run_cli, train
 
 # one padded batch per micro-batch at every world size, so the two runs compute the same sums
 PADDED = ["trainer.share_prompt=false", "trainer.micro_batch_groups=1"]
@@ -42,13 +42,19 @@ def test_colocated_training_at_world_2_is_world_1s(tmp_path):
 
 def test_hybrid_training_at_world_2(tmp_path):
     """Hybrid rollout (1 reserved, 1 preemptible worker) with the ranks on the same Ray: the workers
-    serve each version the ranks publish from their shards (the on-policy check passes every step),
-    and step 1 samples and trains exactly as colocated world 1."""
-    common = [*PADDED, "run.total_steps=2", "run.save_freq=0", *QUIET]
+    serve each version the ranks publish from their shards (the on-policy check passes every step, and
+    the rollout's log-probs are the trainer's own), and step 1 samples and trains exactly as colocated
+    world 1."""
+    common = [*PADDED, "run.total_steps=2", "run.save_freq=0", "trainer.lr=1e-2", *QUIET]
     colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
     m = metrics_of(train(tmp_path, *common, "trainer.world_size=2", "rollout.mode=hybrid",
                          "rollout.hybrid.num_preemptible=1", "rollout.hybrid.seed_window_s=0.05", name="hybrid"))
     assert sorted(m) == [1, 2]
+    # the version the ranks published from their shards is what the workers served. The tiny model scores
+    # 0 on arithmetic, so only weight decay moves the weights, hence the large learning rate. Measured:
+    # |ppo_kl| at most 3.9e-8 and probs_diff_max at most 4.5e-8; with workers that skip every pull after
+    # their first, ppo_kl 8.6e-6 and probs_diff_max 3.0e-5 at step 2 (only the KL bound catches that)
+    assert_rollout_served_the_trainers_weights(m, (1, 2))
     close_to(m[1], colocated[1])
     assert m[2]["actor/optimizer_steps"] == 1 and "spot/instances" in m[2]
 
