@@ -122,8 +122,9 @@ class RolloutManager:
         table.owner.acquire()
         try:
             table.apply_inbox(time.monotonic())
-            run = StepRun(table, self.reader, self.pulls, StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook),
-                          self.cfg, groups, params, version, seed_window_s, history)
+            policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
+            run = StepRun(table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
+                          history)
             run.thread.start()
         except BaseException:
             table.listen(None)

@@ -29,8 +29,8 @@ from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.step_report import StepReport
 from rlboost.hybrid.streams import ReportReader, TurnPacer
-from rlboost.hybrid.wire import WorkerReport
 from rlboost.hybrid.token_ledger import ledger_path, read_ledger
+from rlboost.hybrid.wire import WorkerReport
 from rlboost.hybrid.worker_table import WorkerTable, describe
 from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.policies.handoff import StepOutlook
@@ -67,8 +67,7 @@ class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
     def __init__(self, table: WorkerTable, reader: ReportReader, pulls: PullTracker, policies: StepPolicies,
-                 cfg: HybridConfig,
-                 groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
+                 cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
                  history: Callable[[list[int]], list[list[int]]] | None = None):
         """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends."""
         self.table, self.pulls, self.cfg = table, pulls, cfg
@@ -281,16 +280,19 @@ class StepRun:
                         c.finish_reason, c.token_ids, c.logprobs)
 
     def _progress(self, name: str) -> dict[str, int]:
-        """The StepState's `progress` (of a worker being declared dead): the tokens each of its requests
-        had generated, exactly from its ledger where it keeps one (`ledger_dir`), else as its last report
-        said (which misses what it generated after it: up to (max_unacked_reports + 1) x
-        stream_interval per request)."""
-        if self.cfg.ledger_dir:
+        """The StepState's `progress`: the tokens each of the worker's requests had generated, as its last
+        report said; for a worker declared dead, exactly from its ledger where it keeps one
+        (`ledger_dir`): the report misses what it generated after, up to (max_unacked_reports + 1) x
+        stream_interval per request. A live worker's ledger is never read: the decisions it feeds
+        (which samples a rebalance moves) stay the same with a ledger or without."""
+        h = self.table.get(name)
+        if h is None:
+            return {}
+        if not h.alive and self.cfg.ledger_dir:
             path = ledger_path(self.cfg.ledger_dir, name)
             if path.exists():
                 return read_ledger(path).generated
-        h = self.table.get(name)
-        return h.generated if h is not None else {}
+        return h.generated
 
     def _collect_answers(self) -> None:
         """Results of control calls: a failed submit or abort means a dead worker; an abort's partial
