@@ -67,8 +67,8 @@ class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
     def __init__(self, table: WorkerTable, reader: ReportReader, pulls: PullTracker, policies: StepPolicies,
-                 cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
-                 history: Callable[[list[int]], list[list[int]]] | None = None):
+                 cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
+                 seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None):
         """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends."""
         self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
