@@ -66,8 +66,12 @@ class Chaos:
         return [fault(i, *plan) for i, plan in enumerate(plans)]
 
 
-def run_under_chaos(tmp_path, instances: str, kills: int) -> None:
-    ref = reference()
+@pytest.fixture(scope="module")
+def ref():
+    return reference()
+
+
+def run_under_chaos(tmp_path, ref, instances: str, kills: int) -> None:
     how = ["sigkill"] if instances == "processes" else ["sigkill", "node"]
     # pulls take 0.3 s more than they would, so a fair share of the kills land during one
     fleet, state = start_fleet(tmp_path, num_preemptible=3, instances=instances,
@@ -101,12 +105,12 @@ def run_under_chaos(tmp_path, instances: str, kills: int) -> None:
 
 
 @pytest.mark.parametrize("instances,kills", [("processes", 12), ("nodes", 4)])
-def test_a_run_survives_hard_kills_and_loses_no_more_than_the_bound(tmp_path, instances, kills):
-    run_under_chaos(tmp_path, instances, kills)
+def test_a_run_survives_hard_kills_and_loses_no_more_than_the_bound(tmp_path, ref, instances, kills):
+    run_under_chaos(tmp_path, ref, instances, kills)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(3600)  # 100 boots of a worker (and of a Ray node): past the 15 min backstop on a busy machine
 @pytest.mark.parametrize("instances,kills", [("processes", 100), ("nodes", 100)])
-def test_a_run_survives_a_hundred_hard_kills_and_loses_no_more_than_the_bound(tmp_path, instances, kills):
-    run_under_chaos(tmp_path, instances, kills)
+def test_a_run_survives_a_hundred_hard_kills_and_loses_no_more_than_the_bound(tmp_path, ref, instances, kills):
+    run_under_chaos(tmp_path, ref, instances, kills)
