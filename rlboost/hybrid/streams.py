@@ -82,8 +82,10 @@ class ReportReader:
     # ---- the reader thread ---------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Start taking reports as they arrive (a step begins)."""
+        """Start taking reports as they arrive (a step begins; a failure of the last step's reader is
+        that step's, already raised by its `receive`)."""
         self._stop.clear()
+        self._failure = None
         self._thread = threading.Thread(target=self._read, name="report-reader", daemon=True)
         self._thread.start()
 
