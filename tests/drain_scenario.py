@@ -13,7 +13,7 @@ from rlboost.cluster.draining import drain_node, draining_nodes
 from rlboost.cluster.resources import PREEMPTIBLE
 from rlboost.hybrid.handles import WorkerState
 from rlboost.hybrid.providers import RayClusterPool
-from rlboost.hybrid.worker import read_ledger
+from rlboost.hybrid.token_ledger import read_ledger
 
 
 def node_id_of(resource: str) -> str | None:

@@ -76,6 +76,7 @@ def test_shipped_configs_are_valid_and_complete():
     ("rollout.hybrid.instances=vms", "rollout.hybrid.instances='vms'; choose one of processes, nodes"),
     ("rollout.hybrid.heartbeat_timeout_s=0.5", "heartbeat_timeout_s must exceed heartbeat_interval_s"),
     ("rollout.hybrid.seed_window_s=-1", "rollout.hybrid.seed_window_s must be >= 0"),
+    ("rollout.hybrid.max_unacked_reports=-1", "rollout.hybrid.max_unacked_reports must be an integer >= 0"),
     ("rollout.mode=spot", "rollout.mode='spot'; choose one of colocated, hybrid"),
     ("rollout.histopipe.overrun_factor=0.5", "rollout.histopipe.overrun_factor must be a finite number >= 1"),
     ("rollout.histospec.min_order=9", "rollout.histospec.max_order must be >= min_order"),

@@ -18,7 +18,7 @@ import pytest
 from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, kill, patience,
                          preemptible, reference, refill, run_step, start_fleet, version_weights)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
-from rlboost.hybrid.worker import read_ledger
+from rlboost.hybrid.token_ledger import read_ledger
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +78,21 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     """The manager may learn of a death from a failed call, the node table or a fence while reports the
     worker sent before it stopped wait unread (a turn can be 200 ms away, and a fast engine streams
     several reports in that time). Those tokens count (invariant 4). Here the manager's reader skips the
-    busiest instance's stream until the instance has sent three chunks more than the manager has read;
-    then the instance is frozen (SIGSTOP: it sends nothing more) and fenced."""
-    interval = ENGINE.stream_interval
+    busiest instance's stream until the instance has sent as many chunks more than the manager has read
+    as backpressure lets it (max_unacked_reports); then the instance is frozen (SIGSTOP: it sends nothing
+    more) and fenced."""
+    interval, ahead = ENGINE.stream_interval, fleet.manager.cfg.max_unacked_reports
+    reader = fleet.manager.reader
     victim = {}
 
     def hold_its_stream(run):
         h = victim["h"] = fleet.manager.table.workers[busiest(run)]
-        receive = run._reader.receive
 
-        def without_it(handles, timeout):
-            victim["held"] = True  # the call running when this was swapped in (reading everything) is over
-            return receive([x for x in handles if x is not h], timeout)
+        def without_it():
+            victim["held"] = True  # the reader's round running when this was swapped in is over
+            return [x for x in fleet.manager.table.handles() if x is not h]
 
-        run._reader.receive = without_it
+        reader.handles = without_it
 
     def unread(run) -> dict[str, int]:
         sent = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
@@ -108,8 +109,10 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
             # after the hand-off: its answers would bring the victim's tokens along with the samples
             (lambda run: handed_off(run) and (b := busiest(run)) and after_tokens(lambda _: b, 8)(run),
              hold_its_stream),
-            (lambda run: "held" in victim and max(unread(run).values(), default=0) >= 3 * interval, freeze_and_fence)])
+            (lambda run: "held" in victim and max(unread(run).values(), default=0) >= ahead * interval,
+             freeze_and_fence)])
     finally:
+        reader.handles = fleet.manager.table.handles
         if "h" in victim:
             fleet.preempt(victim["h"])  # frozen and fenced: end it
     check_invariants(out, run, state=fleet.served())

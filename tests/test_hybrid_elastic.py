@@ -164,7 +164,7 @@ def test_a_noticed_preemption_wastes_no_tokens(fleet):
     # what it held when warned went back by the notice (or finished, or moved, before the notice arrived)
     assert victim["in_flight"] > 0 and run.stats.migrated["noticed"] > 0
     assert run.stats.wasted_tokens == 0 and run.stats.in_flight_at_preemption == 0  # nothing left on it
-    from rlboost.hybrid.worker import read_ledger
+    from rlboost.hybrid.token_ledger import read_ledger
     generated = read_ledger(fleet.tmp / "ledgers" / f"{h.name}.ledger").generated
     lost = {rid: n - run.stats.received[rid] for rid, n in generated.items() if rid.rpartition("#")[0] in run.tracked}
     assert lost and all(v == 0 for v in lost.values()), lost

@@ -67,6 +67,12 @@ class HybridConfig:
     """How long a worker may hold a report that carries only finished requests' last chunks, waiting
     for its next report: fewer reports for the manager, at no risk to a token (those chunks never
     grow). A report with a full chunk never waits. 0 sends every report at once."""
+    max_unacked_reports: int = 2
+    """Reports a worker may stream ahead of the manager taking them (Ray's streaming-generator
+    backpressure): its engine waits while this many are in transit. A kill then loses at most
+    (max_unacked_reports + 1) x engine.stream_interval tokens per request (invariant 4). 1 waits for
+    every report's acknowledgement; 2 lets the next report be generated while one is in transit. 0
+    turns backpressure off: no bound on the reports Ray drops with a dead worker."""
     heartbeat_timeout_s: float = 15.0
     """A worker silent for this long is declared dead and fenced (a stuck worker, not only a dead one)."""
     call_timeout_s: float = 120.0
@@ -85,8 +91,11 @@ class HybridConfig:
     offload: OffloadConfig = field(default_factory=OffloadConfig)
     """The adaptive offload controller: T_seed per step and the instance cap."""
     ledger_dir: str | None = None
-    """Diagnostics: each worker appends its per-request generated-token counts after every engine
-    step to a file here, so a test can measure tokens lost to a kill exactly. Off by default."""
+    """Each worker appends its per-request token counts (generated after every engine step, sent with
+    every report) to a file here (`rlboost.hybrid.token_ledger`), which outlives a hard kill of its
+    process: the manager then counts a dead worker's tokens generated and never received exactly
+    (`migration/wasted_tokens`), where without it only as far as the worker's last report. Needs a
+    directory every instance and the manager can read (a local run's). Off by default."""
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
@@ -115,6 +124,9 @@ class HybridConfig:
             raise ValueError("rollout.hybrid.gpus_per_worker > 0 needs rollout.hybrid.instances=processes on one "
                              "machine (the Ray nodes instances=nodes starts offer no GPUs) or a cluster at "
                              "cluster.ray_address")
+        if not isinstance(self.max_unacked_reports, int) or self.max_unacked_reports < 0:
+            raise ValueError(f"rollout.hybrid.max_unacked_reports must be an integer >= 0 (0: no backpressure), "
+                             f"got {self.max_unacked_reports!r}")
         if self.max_pending < 0:
             raise ValueError(f"rollout.hybrid.max_pending must be >= 0, got {self.max_pending}")
         if not 0 < self.plateau_tolerance <= 1:

@@ -38,6 +38,7 @@ from rlboost.cluster.resources import MANY
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
 from rlboost.hybrid.manager import RolloutManager
+from rlboost.hybrid.token_ledger import ledger_path
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 WorkerActor = ray.remote(RolloutWorker)
@@ -291,5 +292,5 @@ class Fleet:
         ledger = None
         if self.cfg.ledger_dir:
             Path(self.cfg.ledger_dir).mkdir(parents=True, exist_ok=True)
-            ledger = str(Path(self.cfg.ledger_dir) / f"{name}.ledger")
+            ledger = str(ledger_path(self.cfg.ledger_dir, name))
         return dataclasses.replace(self.spec, ledger_path=ledger, report_delay_s=self.cfg.report_delay_s)

@@ -30,6 +30,7 @@ from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
 from rlboost.hybrid.pulls import PullTracker
+from rlboost.hybrid.streams import ReportReader
 from rlboost.hybrid.worker_table import WorkerTable
 from rlboost.policies.handoff import StepOutlook
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
@@ -40,6 +41,8 @@ class RolloutManager:
     def __init__(self, cfg: HybridConfig, weights: WeightsConfig):
         self.cfg = cfg
         self.table = WorkerTable()
+        self.reader = ReportReader(self.table.handles)
+        """Takes every report the moment it arrives while a step runs (`rlboost.hybrid.streams`)."""
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
@@ -58,7 +61,9 @@ class RolloutManager:
             self.pulls.stats.refused.append((handle.name, why))
             ray.kill(handle.actor, no_restart=True)
             return False
-        handle.stream = handle.actor.stream.options(num_returns="streaming").remote()
+        # at most max_unacked_reports ahead of the reader (Ray's backpressure; 0: none, -1 to Ray)
+        handle.stream = handle.actor.stream.options(
+            num_returns="streaming", _generator_backpressure_num_objects=self.cfg.max_unacked_reports or -1).remote()
         handle.last_report = time.monotonic()
         handle.profile = ThroughputProfile(tolerance=self.cfg.plateau_tolerance)
         handle.state = WorkerState.SERVING if self._holds_current(handle) else WorkerState.JOINING
@@ -117,8 +122,9 @@ class RolloutManager:
         table.owner.acquire()
         try:
             table.apply_inbox(time.monotonic())
-            run = StepRun(table, self.pulls, StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook),
-                          self.cfg, groups, params, version, seed_window_s, history)
+            policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
+            run = StepRun(table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
+                          history)
             run.thread.start()
         except BaseException:
             table.listen(None)
@@ -127,6 +133,7 @@ class RolloutManager:
         return run
 
     def shutdown(self) -> None:
+        self.reader.pause()
         self.table.shutdown()
 
     def _holds_current(self, h: WorkerHandle) -> bool:

@@ -29,6 +29,7 @@ from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.step_report import StepReport
 from rlboost.hybrid.streams import ReportReader, TurnPacer
+from rlboost.hybrid.token_ledger import ledger_path, read_ledger
 from rlboost.hybrid.wire import WorkerReport
 from rlboost.hybrid.worker_table import WorkerTable, describe
 from rlboost.policies import Balancer, JSQDispatcher
@@ -65,9 +66,9 @@ class StepPolicies:
 class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
-    def __init__(self, table: WorkerTable, pulls: PullTracker, policies: StepPolicies, cfg: HybridConfig,
-                 groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
-                 history: Callable[[list[int]], list[list[int]]] | None = None):
+    def __init__(self, table: WorkerTable, reader: ReportReader, pulls: PullTracker, policies: StepPolicies,
+                 cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
+                 seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None):
         """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends."""
         self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
@@ -84,14 +85,14 @@ class StepRun:
         """When the reserved resources became the trainer's (monotonic)."""
         self.trainer_wait_s = 0.0
         self.loop_cpu_s = 0.0
-        """CPU seconds the loop thread used for the step: the manager's own overhead."""
+        """CPU seconds the loop thread and the report reader used for the step: the manager's own overhead."""
         self.reports = 0
         """Worker reports the loop handled in the step."""
         self._out: queue.SimpleQueue = queue.SimpleQueue()
         self._submits: dict[object, WorkerHandle] = {}
         self._aborts: dict[object, tuple[int, WorkerHandle, float]] = {}
         self._history_sent: set[tuple[str, int]] = set()  # (worker, group index)
-        self._reader = ReportReader()
+        self._reader = reader
         self._pacer = TurnPacer(self.cfg.manager_cpu_share)
         self._liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
         self._next_housekeeping = 0.0
@@ -196,10 +197,10 @@ class StepRun:
         self.state.retire(h.name, now)  # the step gives it back once it holds nothing
 
     def dying(self, h: WorkerHandle, now: float) -> None:
-        """Apply the reports `h` sent that are not read yet: its death is about to be declared by other
-        means than its stream, and the tokens that reached the manager before it are not lost (after
-        it, it is fenced). A turn may be up to MAX_TURN_S away: a fast engine streams several reports
-        in that time."""
+        """Apply the reports of `h` not handled yet: its death is about to be declared (by its stream's
+        end, or by other means while reports wait), and the tokens that reached the manager before it
+        are not lost (after it, it is fenced). A turn may be up to MAX_TURN_S away, and the worker may
+        run max_unacked_reports reports ahead of it."""
         for _, report, _ in self._reader.drain(h):
             if report is not None:  # a failure: the stream is closed; the death is being declared anyway
                 self.reports += 1
@@ -219,6 +220,7 @@ class StepRun:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         state = self.state
+        self._reader.run()
         try:
             while True:
                 if self._cancelled.is_set():
@@ -241,10 +243,11 @@ class StepRun:
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
             self._out.put(e)
         finally:
+            reader_cpu_s = self._reader.pause()
             self._release_reserved()
             self.table.listen(None)
             self.table.owner.release()
-            self.loop_cpu_s = time.thread_time() - cpu0
+            self.loop_cpu_s = time.thread_time() - cpu0 + reader_cpu_s
 
     def _housekeeping(self, now: float) -> None:
         table = self.table
@@ -257,7 +260,7 @@ class StepRun:
                                now)
 
     def _receive(self) -> None:
-        for h, report, failure in self._reader.receive(self.table.handles(), POLL_S):
+        for h, report, failure in self._reader.receive(POLL_S):
             now = time.monotonic()
             if failure is not None:
                 self.table.declare_dead(h, failure, now)
@@ -277,9 +280,19 @@ class StepRun:
                         c.finish_reason, c.token_ids, c.logprobs)
 
     def _progress(self, name: str) -> dict[str, int]:
-        """The StepState's `progress`: what the worker's last report said each request had generated."""
+        """The StepState's `progress`: the tokens each of the worker's requests had generated, as its last
+        report said; for a worker declared dead, exactly from its ledger where it keeps one
+        (`ledger_dir`): the report misses what it generated after, up to (max_unacked_reports + 1) x
+        stream_interval per request. A live worker's ledger is never read: the decisions it feeds
+        (which samples a rebalance moves) stay the same with a ledger or without."""
         h = self.table.get(name)
-        return h.generated if h is not None else {}
+        if h is None:
+            return {}
+        if not h.alive and self.cfg.ledger_dir:
+            path = ledger_path(self.cfg.ledger_dir, name)
+            if path.exists():
+                return read_ledger(path).generated
+        return h.generated
 
     def _collect_answers(self) -> None:
         """Results of control calls: a failed submit or abort means a dead worker; an abort's partial

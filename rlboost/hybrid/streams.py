@@ -1,19 +1,33 @@
-"""Reading the workers' report streams, in batches.
+"""Reading the workers' report streams: every report taken the moment it arrives, handled in batched turns.
 
-Contract: `ReportReader.receive(handles, timeout)` returns what the open streams of `handles` hold now,
-in the order each stream produced it: (handle, report, None) per report, or (handle, None, why) when a
-stream ended or failed (the worker is gone; the stream is closed). It blocks up to `timeout` only when
-nothing at all is ready. Fenced workers' streams are read too, so what they still send can be counted
-and dropped. Every turn costs one wait over all streams and one fetch per round of reports, O(workers):
-turns are at least `turn_s` apart, so a loop that comes back faster handles the reports of that time
-together instead of paying a turn per report. `TurnPacer` sets that gap from what the turns cost.
-`drain(handle)` returns what one stream holds now, at once: what a worker sent before a death the
-manager found by other means (a failed call, the node table, a fence), read before the death is declared.
+Contract:
+- Each worker's stream runs at most `max_unacked_reports` reports ahead of the manager (Ray's
+  streaming-generator backpressure, set where the stream starts: `RolloutManager.add_worker`). Ray
+  counts a report acknowledged once the manager has taken its reference off the stream, and the
+  worker's `yield` blocks while that many are unacknowledged; a taken reference's report already
+  sits in the manager's process (a report is small enough for Ray to carry it inline). So a kill
+  loses at most those reports and the tokens generated since the last one: (max_unacked_reports + 1)
+  x stream_interval per request (invariant 4).
+- `ReportReader` takes the reports on a thread of its own while `run()` is on (the step's): it wakes
+  on any stream that has one, takes what every ready stream holds, and goes back to waiting. That
+  costs the manager a wake-up per report, or per batch when they come together; an acknowledgement
+  paced by the loop's turns (20-200 ms) would idle the workers instead.
+- `receive(timeout)` (the step's loop thread) returns what was taken since its last call, in each
+  stream's order: (handle, report, None) per report, or (handle, None, why) once a stream ended or
+  failed (the worker is gone; the stream is closed). It blocks up to `timeout` only when nothing at
+  all was taken, and comes back at most once per `turn_s`: a loop that comes back faster handles the
+  reports of that time together instead of paying a turn per report. `TurnPacer` sets that gap.
+- `drain(handle)` returns what one stream holds now, at once, taken and not yet handled included:
+  what a worker sent before a death the manager found by other means (a failed call, the node table,
+  a fence), read before the death is declared.
+- Fenced workers' streams are read too, so what they still send can be counted and dropped.
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 
 from rlboost.hybrid.handles import WorkerHandle, first_line
 from rlboost.hybrid.wire import WorkerReport
@@ -25,14 +39,19 @@ report covers: about 60 ms for 8 steps of the emulated Qwen3-8B on an H100). Wha
 from a report is unchanged, only when it does."""
 MAX_TURN_S = 0.2
 """Longest gap the pacer sets: a decision (a freed slot's next sample, a hand-off) waits at most this."""
+WATCH_S = 0.05
+"""The reader looks for new streams (a worker that joined) at least this often: a joiner's stream waits
+at most this long for its first acknowledgement."""
+
+Received = tuple[WorkerHandle, WorkerReport | None, str | None]
 
 
 class TurnPacer:
     """The gap before the next turn: long enough that the loop's own CPU stays within `share` of the
     time (a turn that used c CPU seconds is followed by c (1 - share) / share of waiting, smoothed over
-    turns), never below `min_s` nor above `max_s`. Many workers make every turn dearer (each waits on
-    every stream): their turns then come further apart and handle more reports each, so the manager's
-    cost grows with the reports, not with workers x turns."""
+    turns), never below `min_s` nor above `max_s`. Many workers make every turn dearer: their turns
+    then come further apart and handle more reports each, so the manager's cost grows with the
+    reports, not with workers x turns."""
 
     def __init__(self, share: float, min_s: float = TURN_S, max_s: float = MAX_TURN_S, smoothing: float = 0.2):
         if not 0 < share < 1:
@@ -46,76 +65,127 @@ class TurnPacer:
 
 
 class ReportReader:
-    def __init__(self, turn_s: float = TURN_S):
-        self.turn_s = turn_s
-        self._last_turn = 0.0
+    """`handles()`: the workers whose streams to read (the table's, fenced ones included)."""
 
-    def receive(self, handles: list[WorkerHandle], timeout: float
-                ) -> list[tuple[WorkerHandle, WorkerReport | None, str | None]]:
+    def __init__(self, handles: Callable[[], list[WorkerHandle]], turn_s: float = TURN_S):
+        self.handles, self.turn_s = handles, turn_s
+        self._last_turn = 0.0
+        self._taken: list[tuple[WorkerHandle, object | None, str | None]] = []
+        """(handle, a report's reference, None) or (handle, None, why its stream closed), in order."""
+        self._lock = threading.Condition()
+        """Guards `_taken` and every `next()` on a stream: the reader thread and `drain` both take."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failure: BaseException | None = None
+        self._cpu_s = 0.0
+
+    # ---- the reader thread ---------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Start taking reports as they arrive (a step begins; a failure of the last step's reader is
+        that step's, already raised by its `receive`)."""
+        self._stop.clear()
+        self._failure = None
+        self._thread = threading.Thread(target=self._read, name="report-reader", daemon=True)
+        self._thread.start()
+
+    def pause(self) -> float:
+        """Stop taking reports (the step ended); what was taken stays for the next step's turns.
+        Between steps the workers are idle: each stream fills up to its limit and waits. Returns the
+        CPU seconds the reader thread used since `run()`: the manager's, beside its loop's."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        return self._cpu_s
+
+    def _read(self) -> None:
         import ray
 
-        streams = {h.stream: h for h in handles if h.stream is not None}
-        if not streams:
-            time.sleep(timeout)
-            return []
+        cpu0 = time.thread_time()
+        try:
+            while not self._stop.is_set():
+                streams = [h.stream for h in self.handles() if h.stream is not None]
+                if not streams:
+                    self._stop.wait(WATCH_S)
+                    continue
+                if ray.wait(streams, num_returns=1, timeout=WATCH_S)[0]:
+                    with self._lock:
+                        self._take(self.handles())
+                        self._lock.notify_all()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the loop thread by `receive`
+            with self._lock:
+                self._failure = e
+                self._lock.notify_all()
+        finally:
+            self._cpu_s = time.thread_time() - cpu0
+
+    def _take(self, handles: list[WorkerHandle]) -> None:
+        """Every reference the streams of `handles` hold now, in rounds of one per ready stream (a
+        round costs one wait for all of them). Called with the lock held."""
+        import ray
+
+        while True:
+            by_stream = {h.stream: h for h in handles if h.stream is not None}
+            ready = ray.wait(list(by_stream), num_returns=len(by_stream), timeout=0)[0] if by_stream else []
+            if not ready:
+                return
+            for gen in ready:
+                h = by_stream[gen]
+                try:
+                    self._taken.append((h, next(gen), None))  # acknowledged: the worker may run ahead again
+                except StopIteration:
+                    h.stream = None
+                    self._taken.append((h, None, "its stream ended"))
+                except ray.exceptions.RayError as e:
+                    h.stream = None
+                    self._taken.append((h, None, f"it died: {first_line(e)}"))
+
+    # ---- the step's loop thread ----------------------------------------------------------------------
+
+    def receive(self, timeout: float) -> list[Received]:
         time.sleep(max(0.0, self._last_turn + self.turn_s - time.monotonic()))
         self._last_turn = time.monotonic()
-        waitable = list(streams)
-        # Whatever is there already, in one call; block (until the first report) only when nothing is.
-        ready, _ = ray.wait(waitable, num_returns=len(waitable), timeout=0)
-        if not ready:
-            ready, _ = ray.wait(waitable, num_returns=1, timeout=timeout)
-        # Drain what is ready, in rounds of one report per stream: a round costs one wait and one fetch
-        # for all of them. Nothing may stay behind: a death declared by other means drops whatever of
-        # its stream is still unread.
-        out: list[tuple[WorkerHandle, WorkerReport | None, str | None]] = []
-        handles_ready = [streams[gen] for gen in ready]
-        while handles_ready:
-            self._one_round(handles_ready, out)
-            open_ = [h for h in handles_ready if h.stream is not None]
-            again = ray.wait([h.stream for h in open_], num_returns=len(open_), timeout=0)[0] if open_ else []
-            handles_ready = [streams[gen] for gen in again]
-        return out
+        with self._lock:
+            if not self._taken and self._failure is None:
+                self._lock.wait(timeout)
+            if self._failure is not None:
+                raise RuntimeError(f"the report reader failed: {first_line(self._failure)}") from self._failure
+            taken, self._taken = self._taken, []
+        return _fetch(taken)
 
-    def drain(self, h: WorkerHandle) -> list[tuple[WorkerHandle, WorkerReport | None, str | None]]:
-        """Everything `h`'s stream holds now, in order, without waiting for a turn or a report."""
-        import ray
+    def drain(self, h: WorkerHandle) -> list[Received]:
+        """Everything `h`'s stream holds now and everything taken of it, in order, without waiting."""
+        with self._lock:
+            self._take([h])
+            mine = [item for item in self._taken if item[0] is h]
+            self._taken = [item for item in self._taken if item[0] is not h]
+        return _fetch(mine)
 
-        out: list[tuple[WorkerHandle, WorkerReport | None, str | None]] = []
-        while h.stream is not None and ray.wait([h.stream], num_returns=1, timeout=0)[0]:
-            self._one_round([h], out)
-        return out
 
-    @staticmethod
-    def _one_round(handles: list[WorkerHandle], out: list) -> None:
-        """The next report of each of `handles`, whose streams have one ready, fetched in one call."""
-        import ray
+def _fetch(taken: list[tuple[WorkerHandle, object | None, str | None]]) -> list[Received]:
+    """The reports behind taken references, fetched in one call (one by one only when one failed, to
+    tell whose), with the closed streams' reasons in their place."""
+    import ray
 
-        taken = []
-        for h in handles:
-            try:
-                taken.append((h, next(h.stream)))
-            except StopIteration:
-                h.stream = None
-                out.append((h, None, "its stream ended"))
-            except ray.exceptions.RayError as e:
-                h.stream = None
-                out.append((h, None, f"it died: {first_line(e)}"))
-        if not taken:
-            return
-        try:
-            reports = ray.get([ref for _, ref in taken])
-        except ray.exceptions.RayError:
-            reports = None  # a stream carries its worker's death: fetch one by one to tell whose
-        for i, (h, ref) in enumerate(taken):
-            if reports is not None:
-                out.append((h, reports[i], None))
-                continue
+    refs = [ref for _, ref, _ in taken if ref is not None]
+    try:
+        reports = iter(ray.get(refs)) if refs else iter(())
+    except ray.exceptions.RayError:
+        reports = None
+    out: list[Received] = []
+    for h, ref, why in taken:
+        if ref is None:
+            out.append((h, None, why))
+        elif reports is not None:
+            out.append((h, next(reports), None))
+        else:
             try:
                 out.append((h, ray.get(ref), None))
-            except ray.exceptions.RayError as e:
+            except ray.exceptions.RayError as e:  # a report left on a node that died with its worker
                 h.stream = None
                 out.append((h, None, f"it died: {first_line(e)}"))
+    return out
 
 
-__all__ = ["MAX_TURN_S", "TURN_S", "ReportReader", "TurnPacer"]
+__all__ = ["MAX_TURN_S", "TURN_S", "WATCH_S", "ReportReader", "TurnPacer"]

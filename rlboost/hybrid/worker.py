@@ -10,9 +10,11 @@ Contract (DESIGN.md 2.2):
   the moment a request has a full chunk (`stream_interval` tokens), carrying every other request's
   tokens too (`engine.flush()`): the requests stay in step, so the next report is due
   `stream_interval` decode steps later whatever the batch, not after every engine step. A hard kill
-  thus loses at most `stream_interval` tokens per request that were never sent (invariant 4), plus
-  the reports Ray was still carrying when the process died, if any (a streaming generator's items
-  that arrive after its task failed are dropped; docs/hybrid.md, Known limits).
+  thus loses at most `stream_interval` tokens per request that were never sent, plus the reports Ray
+  was still carrying (a streaming generator's items that arrive after its task failed are dropped):
+  the manager starts the stream with Ray's backpressure, so a `yield` blocks while
+  `max_unacked_reports` reports are not yet taken by the manager, and the engine does not step
+  meanwhile (invariant 4: at most (max_unacked_reports + 1) x stream_interval per request).
   A report holding only finished requests' last chunks (which never grow) may wait for the next one,
   up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
 - `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
@@ -31,7 +33,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlboost.cluster.host_copy import HostCopy, base_reader
 from rlboost.cluster.manifest import PullResult, WeightManifest
@@ -42,6 +43,7 @@ from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
 from rlboost.histospec import Drafter, HistoryStore
 from rlboost.histospec.config import HistoSpecConfig
+from rlboost.hybrid.token_ledger import TokenLedger
 from rlboost.hybrid.wire import WorkerInfo, WorkerReport
 from rlboost.models.config import ModelConfig
 
@@ -58,8 +60,8 @@ class WorkerSpec:
     histospec: HistoSpecConfig | None = None
     """Speculate from the history of each prompt, which the manager sends along with its requests."""
     ledger_path: str | None = None
-    """Diagnostics: append the tokens of every request generated and sent here (`read_ledger`), so a
-    test can count exactly what a hard kill lost. None outside tests."""
+    """Append the tokens of every request generated and sent here (`rlboost.hybrid.token_ledger`), so
+    the manager and the tests can count exactly what a hard kill lost (rollout.hybrid.ledger_dir)."""
     pull_delay_s: float = 0.0
     """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
     middle of one. 0 outside tests."""
@@ -97,7 +99,7 @@ class RolloutWorker:
             self.engine.drafter = Drafter(self.history, spec.histospec)
         self.spec = spec
         self._cv = threading.Condition()
-        self._ledger = open(spec.ledger_path, "a") if spec.ledger_path else None
+        self._ledger = TokenLedger(spec.ledger_path) if spec.ledger_path else None
 
     def info(self) -> WorkerInfo:
         import ray  # only the actor needs Ray; the class itself runs without it
@@ -194,29 +196,27 @@ class RolloutWorker:
                         report = self._report(held + (self.engine.flush() if held else []), batch_size, step_s, steps)
             if report is not None:
                 held, steps, batch_size, step_s = [], 0, 0, 0.0
-                last_report = time.monotonic()
+                self._write_ledger(report.chunks, sent=True)  # before the yield, which may wait for the manager
                 yield report
-                self._write_ledger(report.chunks, sent=True)
+                last_report = time.monotonic()
 
     def _report(self, chunks: list[StreamChunk], batch_size: int, step_s: float, steps: int) -> WorkerReport:
         return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
                             batch_size, step_s, steps)
 
     def _write_ledger(self, chunks: list[StreamChunk], sent: bool = False) -> None:
-        """A line of the tokens each request has generated (after an engine step) or, with `sent`, has
-        had handed to Ray in reports (after a yield); flushed to the OS at once: a SIGKILL loses the
-        process, not the page cache."""
+        """Record the tokens each request has generated (after an engine step) or, with `sent`, has in
+        the reports leaving so far."""
         if self._ledger is None:
             return
         if sent:
-            counts = {c.request_id: c.offset + len(c.token_ids) for c in chunks}
+            self._ledger.sent({c.request_id: c.offset + len(c.token_ids) for c in chunks})
         else:  # requests that finished in this step have left progress(); their last chunk has the count
-            counts = self.engine.progress() | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished}
-        if counts:
-            self._ledger.write(("> " if sent else "") + " ".join(f"{rid}={n}" for rid, n in counts.items()) + "\n")
-            self._ledger.flush()
+            self._ledger.generated(self.engine.progress()
+                                   | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished})
 
 
+<<<<<<< HEAD
 @dataclass(frozen=True)
 class Ledger:
     """What one worker's ledger says about each request it served: the most tokens ever generated, and
@@ -237,3 +237,15 @@ def read_ledger(path: str | Path) -> Ledger:
             rid, n = item.rsplit("=", 1)
             most[rid] = max(most.get(rid, 0), int(n))
     return Ledger(generated, sent)
+=======
+def _base_reader(model: ModelConfig) -> Callable[[], dict]:
+    """Reads `model` from this machine's disk, in the model's dtype (the weight store casts it as the
+    trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
+
+    def read() -> dict:
+        from rlboost.models import load_model
+
+        return dict(load_model(model).model.named_parameters())
+
+    return read
+>>>>>>> streams

@@ -175,8 +175,7 @@ class WorkerTable:
     def declare_dead(self, h: WorkerHandle, reason: str, now: float, released: bool = False) -> None:
         if not h.alive:
             return
-        if h.stream is not None:
-            self.listener.dying(h, now)
+        self.listener.dying(h, now)  # its stream may be closed with reports taken and not yet handled
         h.state, h.fenced, h.released = WorkerState.DEAD, reason, released
         cause = self.causes.pop(h.name, None) or f"lost ({reason})"
         if released:
