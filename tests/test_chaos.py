@@ -7,7 +7,7 @@ death (in the engine or in reports Ray was carrying), and `migration/wasted_toke
 ledgers' count of tokens generated and never received.
 
 The ordinary suite runs a shorter version of each (12 process kills; 2 process and 2 node kills);
-`slow` (`make test-slow`) the hundred kills of each."""
+`make bench` the hundred kills of each (hours on a 2-core machine: left out of CI)."""
 
 from __future__ import annotations
 
@@ -104,8 +104,10 @@ def test_a_run_survives_hard_kills_and_loses_no_more_than_the_bound(tmp_path, in
     run_under_chaos(tmp_path, instances, kills)
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(3600)  # 100 boots of a worker (and of a Ray node): past the 15 min backstop on a busy machine
+@pytest.mark.bench
+@pytest.mark.timeout(7200)  # 100 boots of a worker (and of a Ray node): past the 15 min backstop
 @pytest.mark.parametrize("instances,kills", [("processes", 100), ("nodes", 100)])
 def test_a_run_survives_a_hundred_hard_kills_and_loses_no_more_than_the_bound(tmp_path, instances, kills):
+    """A bigger run of the test above, left out of CI: a hundred boots of a worker process (and of a Ray
+    node) take tens of minutes to hours on a 2-core machine (the ordinary suite's 4 node kills took 5 min)."""
     run_under_chaos(tmp_path, instances, kills)
