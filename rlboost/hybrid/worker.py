@@ -214,38 +214,3 @@ class RolloutWorker:
         else:  # requests that finished in this step have left progress(); their last chunk has the count
             self._ledger.generated(self.engine.progress()
                                    | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished})
-
-
-<<<<<<< HEAD
-@dataclass(frozen=True)
-class Ledger:
-    """What one worker's ledger says about each request it served: the most tokens ever generated, and
-    the most handed to Ray in its reports (the manager receives a report unless the process dies while
-    it is in transit)."""
-
-    generated: dict[str, int]
-    sent: dict[str, int]
-
-
-def read_ledger(path: str | Path) -> Ledger:
-    """The ledger the worker with `ledger_path=path` wrote."""
-    generated: dict[str, int] = {}
-    sent: dict[str, int] = {}
-    for line in Path(path).read_text().splitlines():
-        most = sent if line.startswith("> ") else generated
-        for item in line.removeprefix("> ").split():
-            rid, n = item.rsplit("=", 1)
-            most[rid] = max(most.get(rid, 0), int(n))
-    return Ledger(generated, sent)
-=======
-def _base_reader(model: ModelConfig) -> Callable[[], dict]:
-    """Reads `model` from this machine's disk, in the model's dtype (the weight store casts it as the
-    trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
-
-    def read() -> dict:
-        from rlboost.models import load_model
-
-        return dict(load_model(model).model.named_parameters())
-
-    return read
->>>>>>> streams
