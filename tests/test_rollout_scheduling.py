@@ -97,8 +97,8 @@ def test_the_manager_dispatches_the_given_order_and_rejects_a_partial_one():
 
     def run_in(order):
         policies = StepPolicies(manager.dispatcher, manager.balancer, order=order)
-        return StepRun(manager.table, manager.pulls, policies, manager.cfg, groups, SamplingParams(), version=0,
-                       seed_window_s=None)
+        return StepRun(manager.table, manager.reader, manager.pulls, policies, manager.cfg, groups, SamplingParams(),
+                       version=0, seed_window_s=None)
 
     assert list(run_in(order).state.pending) == order
     with pytest.raises(ValueError, match="every sample of the step exactly once"):
