@@ -277,7 +277,7 @@ def refill(fleet: Fleet) -> None:
 
 
 def check_invariants(out, run: StepRun, ref=None, ledger_dir: Path | None = None, version: int | None = None,
-                     state: dict | None = None) -> int:
+                     state: dict | None = None, model: ModelConfig = MODEL) -> int:
     """Exactly once, on-policy, exact continuation, bounded waste. Every sample is tagged with
     `version` (default: the step's) and recomputed with a plain forward pass of `state`, the tensors
     published as it (default: the base's, which some tests publish under every version): each token
@@ -298,7 +298,9 @@ def check_invariants(out, run: StepRun, ref=None, ledger_dir: Path | None = None
             tokens, logprobs = ref[key(s.uid)]
             assert s.response_ids == tokens, f"{s.uid} is not the uninterrupted greedy continuation"
             assert max(abs(a - b) for a, b in zip(s.logprobs, logprobs)) < 1e-4, s.uid
-    check_served(samples, base_weights() if state is None else state)
+    if state is None:  # the base of the fleet's model
+        state = base_weights() if model == MODEL else weights(model)
+    check_served(samples, state, model)
     if ledger_dir is None:
         return run.stats.wasted_tokens
     bound = (run.cfg.max_unacked_reports + 1) * ENGINE.stream_interval
@@ -320,11 +322,11 @@ LOGPROB_NOISE = 1e-4
 between the engine and the forward pass), far below what another version's weights move (PERTURBATION)."""
 
 
-def check_served(samples, state: dict) -> None:
+def check_served(samples, state: dict, model_cfg: ModelConfig = MODEL) -> None:
     """Every sample is what the weights `state` generate greedily: a forward pass of the model holding
     them, independent of the engine (its cache, batching, migrations and weight loading), finds each
     response token to be the most likely one (up to float noise) and its log-prob the one recorded."""
-    model = load_model(MODEL).model
+    model = load_model(model_cfg).model
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied weights appear once
             p.copy_(state[name])

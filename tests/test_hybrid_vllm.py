@@ -42,6 +42,6 @@ def test_sigkilled_vllm_worker_loses_no_sample(fleet):
         assert "/vllm/_C" in maps, f"{handle.name} (pid {handle.pid}) has not loaded vLLM"
     victim = preemptible(0)
     out, run = run_step(fleet, faults=[(after_tokens(victim, 60), kill(fleet, victim))])
-    check_invariants(out, run, reference(MODEL), fleet.tmp / "ledgers")
+    check_invariants(out, run, reference(MODEL), fleet.tmp / "ledgers", model=MODEL)
     assert run.stats.preemptions == 1 and run.stats.migrated["preempted"] > 0, run.stats
     assert run.stats.tokens_by_kind[RESERVED] > 0 and run.stats.tokens_by_kind[PREEMPTIBLE] > 0
