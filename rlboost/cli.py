@@ -216,6 +216,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.configs import SHOWCASE
+    from rlboost.rollout.step_data import StepError
     from rlboost.run_dir import run_folder
     from rlboost.stopping import EXIT_STATUS, StopRequested
     from rlboost.train import RUN_LOG, train
@@ -229,19 +230,29 @@ def _train(args: argparse.Namespace) -> int:
     console.print(base, markup=False, highlight=False, soft_wrap=True)
     # fixed now, so that a stop can name the folder to resume (a default name carries the start time)
     cfg.run.output_dir = str(run_folder(cfg.run, config))
-    try:
-        run_dir = train(cfg, config, console)
-    except StopRequested as stop:
+
+    def how_to_resume() -> str:
+        """Where the run stands and the command that resumes it from its last checkpoint."""
         last = latest_checkpoint(Path(cfg.run.output_dir))
         kept = (f"the last checkpoint is {last}" if last is not None else
                 f"no checkpoint was written yet (run.save_freq={cfg.run.save_freq}): a restart begins at step 1")
         command = ["rlboost", "train", *([str(config)] if config != SHOWCASE else []),
                    *[o for o in overrides if not o.startswith(("run.output_dir=", "run.resume="))],
                    f"run.output_dir={cfg.run.output_dir}"]
-        console.print(f"{stop}: the step under way was abandoned and every worker shut down; {kept}.\n"
-                      f"resume with:  {' '.join(command)}\n(log: {Path(cfg.run.output_dir) / RUN_LOG})",
+        return f"{kept}.\nresume with:  {' '.join(command)}\n(log: {Path(cfg.run.output_dir) / RUN_LOG})"
+
+    try:
+        run_dir = train(cfg, config, console)
+    except StopRequested as stop:
+        console.print(f"{stop}: the step under way was abandoned and every worker shut down; {how_to_resume()}",
                       markup=False, highlight=False, soft_wrap=True)
         return EXIT_STATUS
+    except StepError as e:  # a step that cannot finish (no rollout worker left): the run stopped at it
+        console.print(f"[red]error:[/red] the step could not finish: {e}", markup=True, highlight=False,
+                      soft_wrap=True)
+        console.print(f"every worker was shut down; {how_to_resume()}", markup=False, highlight=False,
+                      soft_wrap=True)
+        return 2
     console.print(f"run folder: {run_dir}  (metrics.jsonl, run.log, tensorboard/, checkpoints/, report/)",
                   markup=False, highlight=False, soft_wrap=True)
     return 0
@@ -338,7 +349,6 @@ def main(argv: list[str] | None = None) -> int:
     from rlboost.data import DatasetError
     from rlboost.engine import InvalidRequestError
     from rlboost.rewards import RewardConfigError, RewardFunctionError
-    from rlboost.rollout.step_data import StepError
     from rlboost.trainer.errors import TrainerRankError
 
     try:
@@ -349,10 +359,6 @@ def main(argv: list[str] | None = None) -> int:
     except (RewardFunctionError, TrainerRankError) as e:  # the run stopped; its checkpoints and metrics are kept
         console.print(f"[red]error:[/red] {e}", markup=True, highlight=False, soft_wrap=True)
         return 1
-    except StepError as e:  # a step that cannot finish (no rollout worker left): the run stopped at it
-        console.print(f"[red]error:[/red] the step could not finish: {e}", markup=True, highlight=False,
-                      soft_wrap=True)
-        return 2
 
 
 if __name__ == "__main__":

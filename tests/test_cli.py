@@ -159,6 +159,12 @@ def test_a_step_that_cannot_finish_ends_the_run_in_one_line_exit_2(tmp_path, cap
         raise StepError("no rollout worker left at weight version 0: rese-1: it died: RuntimeError: boom")
 
     monkeypatch.setattr(rlboost.train, "train", no_worker_left)
-    assert main(["train", str(CONFIGS / "hybrid_smoke.yaml"), f"run.output_dir={tmp_path}"]) == 2
-    assert error_lines(capsys) == ["error: the step could not finish: no rollout worker left at weight version 0: "
-                                   "rese-1: it died: RuntimeError: boom"]
+    assert main(["train", str(CONFIGS / "hybrid_smoke.yaml"), "trainer.lr=2e-6", f"run.output_dir={tmp_path}"]) == 2
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    error, kept, resume = out.strip().splitlines()[-4:-1]
+    assert error == ("error: the step could not finish: no rollout worker left at weight version 0: rese-1: it "
+                     "died: RuntimeError: boom")
+    assert kept.startswith("every worker was shut down; no checkpoint was written yet")
+    assert resume == (f"resume with:  rlboost train {CONFIGS / 'hybrid_smoke.yaml'} trainer.lr=2e-6 "
+                      f"run.output_dir={tmp_path}")

@@ -200,6 +200,35 @@ def test_zero_preemptible_workers(fleet):
     refill(fleet)
 
 
+
+def reserved_worker(run) -> str | None:
+    return next((n for n, w in list(run.state.workers.items()) if w.kind == RESERVED and w.alive), None)
+
+
+def sigkill(fleet, worker):
+    return lambda run: os.kill(fleet.manager.table.workers[worker(run)].pid, signal.SIGKILL)
+
+
+def test_a_sigkilled_reserved_worker_is_replaced_and_the_step_finishes(fleet):
+    """Issue 26 item 6. With no instance left, the reserved worker is SIGKILLed once it has streamed 16
+    tokens: its replacement boots, pulls the step's version and finishes every sample from its last
+    received token; nothing lost, waste as the ledgers count it."""
+    version = advance(fleet)
+    for h in fleet.killable():
+        fleet.preempt(h)
+    fleet.manager.table.reap()
+    [dead] = fleet.manager.table.alive(RESERVED)
+    out, run = run_step(fleet, handoff=None, faults=[(after_tokens(reserved_worker, 16), sigkill(fleet, reserved_worker))])
+    check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
+    assert [name for _, name, _ in run.stats.deaths if name == dead.name] == [dead.name]
+    [replacement] = fleet.manager.table.alive(RESERVED)
+    assert replacement.name != dead.name and replacement.version == version
+    assert run.stats.tokens_by_worker[replacement.name] > 0 and run.stats.migrated["preempted"] > 0
+    refill(fleet)
+    out, run = run_step(fleet)  # the replacement seeds the next step as the reserved worker
+    check_invariants(out, run, state=fleet.served())
+    assert run.stats.tokens_by_worker[replacement.name] > 0 and run.stats.deaths == []
+
 def test_the_timings_are_final_when_the_trainer_has_its_last_group(fleet, monkeypatch):
     """The trainer stops reading after its last group (it never resumes the generator), and the
     controller reads the step's timings right then: they must be final, whatever the loop thread is

@@ -222,6 +222,68 @@ def test_with_no_worker_left_the_step_fails_naming_every_death():
         s.decide(0.1)
 
 
+
+def test_a_dead_reserved_worker_being_replaced_holds_the_step_until_its_replacement_serves():
+    """Issue 26 item 6: the only worker, reserved, dies mid-step; the fleet boots a replacement
+    (`replacing(1)`), and the step waits for it instead of failing, then ends exactly."""
+    s = step(seed_window_s=None)
+    s.reserved("r0", max_running=8)
+    s.decide(0.0)
+    s.generate("r0", 5)  # 4 streamed, 1 generated and lost with it
+    s.kill("r0")
+    s.state.replacing(1)
+    assert not submitted(s.decide(0.1)) and len(s.state.pending) == 8  # nobody to run them, nothing failed
+    s.join("r1", RESERVED, max_running=8, serving=False, pulling_since=0.2)
+    s.state.replacing(0)
+    assert not submitted(s.decide(0.3))  # still pulling the step's version
+    s.state.ready("r1", 0.4, pull_s=0.2)
+    back = submitted(s.decide(0.4))
+    assert len(back["r1"]) == 8
+    held = {r.uid: r.held for c in s.submits[-1:] for r in c.requests}
+    assert set(held.values()) == {4}  # every sample continues from its last streamed token
+    s.run_to_end()
+    s.assert_exact()
+    assert s.state.stats.wasted_tokens == 8 and s.state.stats.preemptions == 0
+
+
+def test_a_replacement_that_cannot_start_fails_the_step_naming_why():
+    s = step(seed_window_s=None)
+    s.reserved("r0")
+    s.decide(0.0)
+    s.kill("r0", "its process exited")
+    s.state.replacing(1)
+    s.decide(0.1)
+    s.state.replacing(0, failed="rollout worker rese-2 (reserved) failed to start: out of memory")
+    with pytest.raises(StepError, match="r0: its process exited; a reserved worker's replacement: rollout worker "
+                                        "rese-2 .* out of memory"):
+        s.decide(0.2)
+
+
+def test_a_reserved_replacement_joining_after_the_hand_off_takes_no_work_and_sleeps():
+    """After the seeding hand-off the reserved resources are the trainer's: a replacement that comes to
+    serve then gets no samples (while an instance serves) and frees its memory."""
+    s = step(n_groups=2, n=4, length=40, seed_window_s=1.0)
+    s.reserved("r0", max_running=8)
+    s.join("p0", max_running=8)
+    s.decide(0.0)
+    s.answer_all()
+    s.decide(1.0)
+    s.answer_all()
+    s.decide(1.0)
+    assert s.released_at == 1.0
+    s.kill("r0")
+    s.state.replacing(1)
+    s.join("r1", RESERVED, max_running=8, serving=False, pulling_since=1.1)
+    s.state.replacing(0)
+    s.state.ready("r1", 1.5, pull_s=0.4)
+    commands = s.decide(1.5)
+    [sleep] = [c for c in commands if isinstance(c, Abort)]
+    assert sleep.worker == "r1" and sleep.request_ids == [] and sleep.then_sleep
+    assert "r1" not in submitted(commands)
+    s.run_to_end()
+    s.assert_exact()
+    assert s.state.stats.tokens_by_worker["r1"] == 0
+
 # ---- notices and releases ----------------------------------------------------------------------------
 
 def test_a_notice_takes_every_sample_back_exactly_and_the_kill_that_follows_wastes_nothing():

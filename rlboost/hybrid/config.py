@@ -19,6 +19,10 @@ class HybridConfig:
     num_reserved: int = 1
     """Rollout workers on the reserved resources; they generate during the seeding window, then the
     reserved resources train."""
+    replace_reserved: bool = True
+    """A reserved worker that dies (its process or node gone) is replaced at once, mid-step too, as the
+    `fixed` provider replaces an instance; the step waits for the replacement when no other worker can
+    take its samples. False: the step goes on without it, and fails when no worker is left."""
     num_preemptible: int = 2
     """Preemptible instances (one rollout worker each) at the start of the run, and the pool size the
     `fixed` provider keeps."""

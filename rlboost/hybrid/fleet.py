@@ -40,6 +40,7 @@ from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_li
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.token_ledger import ledger_path
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
+from rlboost.run_log import event
 
 WorkerActor = ray.remote(RolloutWorker)
 
@@ -65,8 +66,8 @@ class Fleet:
         """Instance name -> [launch time, end time or inf]: what a cloud bills."""
         self.groups: dict[str, PlacementGroup] = {}
         """Worker name -> the placement group of its GPUs, when it has one of its own (tensor parallelism)."""
-        self._reserved_slots = 0
-        """Reserved workers placed so far: the next one covers the reserved GPUs after theirs."""
+        self._reserved_slots: dict[str, int] = {}
+        """Live reserved worker -> its share of the reserved GPUs (a replacement takes the dead one's)."""
         self.manifest: WeightManifest | None = None
         self.publisher = Publisher(cluster.cfg.weights, spec.engine.serving_dtype(spec.model.dtype),
                                    load_base=base_reader(spec.model) if spec.join_from_base else None)
@@ -74,6 +75,7 @@ class Fleet:
         self.boot_failures: list[str] = []
         self._stopping = False
         manager.table.on_retire = self._retire
+        manager.table.on_dead = self._replace
 
     def publish(self, state: dict | WeightManifest, version: int) -> WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved
@@ -213,6 +215,29 @@ class Fleet:
         self.released.add(handle.name)
         self.manager.table.release(handle.name)
 
+    def _replace(self, handle: WorkerHandle) -> bool:
+        """The table's `on_dead`: a reserved worker that died is replaced like an instance, on its share of
+        the reserved GPUs, by a thread (this runs in the step's loop). True: a replacement boots."""
+        with self._lock:
+            self._reserved_slots.pop(handle.name, None)
+        if handle.kind != RESERVED or self._stopping or not self.cfg.replace_reserved:
+            return False
+
+        def boot():
+            try:
+                if not self.start(RESERVED, 1):
+                    refused = self.manager.pulls.stats.refused
+                    raise RuntimeError(f"refused: {refused[-1][1]}" if refused else "the fleet is shutting down")
+                event("reserved worker %s replaced", handle.name)
+            except Exception as e:  # noqa: BLE001 - the step hears of it, and fails if nobody else is left
+                self.manager.table.replacement_failed(first_line(e))
+
+        thread = threading.Thread(target=boot, name="reserved-replacement", daemon=True)
+        with self._lock:
+            self._boots = [t for t in self._boots if t.is_alive()] + [thread]
+        thread.start()
+        return True
+
     def _retire(self, handle: WorkerHandle) -> None:
         """The manager's `on_retire`: the instance holds nothing any more; end it and its node."""
         self._ended(handle.name)
@@ -279,7 +304,8 @@ class Fleet:
         if kind == RESERVED and gpus:
             reserved = self.cluster.reserved_gpus or self.cluster.place_reserved_gpus(self.cfg.num_reserved * gpus)
             with self._lock:
-                slot, self._reserved_slots = self._reserved_slots, self._reserved_slots + 1
+                slot = min(set(range(self.cfg.num_reserved)) - set(self._reserved_slots.values()))
+                self._reserved_slots[name] = slot
         else:
             slot = 0
         options, group = worker_options(gpus, options, reserved, slot, node_id)

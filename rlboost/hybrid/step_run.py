@@ -103,6 +103,7 @@ class StepRun:
             # nobody reads the streams between steps: silence is measured from the step's start
             h.last_report = max(h.last_report, self.t0)
             self.joined(h, self.t0)
+        self.state.replacing(table.replacing)  # booting since the step before
         table.listen(self)
 
     # ---- the trainer's side --------------------------------------------------------------------------
@@ -205,6 +206,9 @@ class StepRun:
             if report is not None:  # a failure: the stream is closed; the death is being declared anyway
                 self.reports += 1
                 self._on_report(h, report, now)
+
+    def replacing(self, count: int, failed: str | None, now: float) -> None:
+        self.state.replacing(count, failed)
 
     def died(self, h: WorkerHandle, reason: str, cause: str, now: float) -> None:
         state = self.state

@@ -33,7 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from rlboost.hybrid.handles import PREEMPTIBLE, WorkerHandle, WorkerState
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
 from rlboost.run_log import event
 
 
@@ -58,6 +58,9 @@ class Membership(Protocol):
     def died(self, h: WorkerHandle, reason: str, cause: str, now: float) -> None:
         """`h` was declared dead for `reason` (`cause`: who ended it, for the console), or ended after
         it was given back (`h.released`)."""
+
+    def replacing(self, count: int, failed: str | None, now: float) -> None:
+        """`count` replacements of dead reserved workers are booting now; `failed`: why one did not start."""
 
 
 class BetweenSteps:
@@ -89,6 +92,10 @@ class BetweenSteps:
         if not h.released:
             event("%s %s %s between steps: no samples in flight", describe(h), h.name, cause)
 
+    def replacing(self, count: int, failed: str | None, now: float) -> None:
+        if failed is not None:
+            event("a reserved worker's replacement failed to start: %s", failed)
+
     def take(self) -> list[tuple[str, str, bool]]:
         deaths, self.deaths = self.deaths, []
         return deaths
@@ -104,6 +111,12 @@ class WorkerTable:
         self.listener: Membership = self.between_steps
         self.on_retire: Callable[[WorkerHandle], None] | None = None
         """Ends an instance given back (the fleet kills its actor and node); None: kill the actor."""
+        self.on_dead: Callable[[WorkerHandle], bool] | None = None
+        """Told of every death that is not a give-back (owner thread; must not block): True when it
+        started a replacement (the fleet does for reserved workers), which `admit` or
+        `replacement_failed` settles."""
+        self.replacing = 0
+        """Replacements of dead reserved workers booting (changed by the owner only)."""
         self.causes: dict[str, str] = {}
         """Worker -> who ended it ("preempted by the trace"), told by whoever killed it, for the
         console's line when its death is found; never an input to a decision."""
@@ -133,6 +146,10 @@ class WorkerTable:
         """Declare a worker dead; from then on everything it sends is dropped."""
         self.inbox.put(("fence", name, reason))
 
+    def replacement_failed(self, reason: str) -> None:
+        """A replacement started by `on_dead` will not join, for `reason`."""
+        self.inbox.put(("replacement_failed", "", reason))
+
     def get(self, name: str) -> WorkerHandle | None:
         return self.workers.get(name)
 
@@ -154,11 +171,16 @@ class WorkerTable:
                 what, name, arg = self.inbox.get_nowait()
             except queue.Empty:
                 return
+            if what == "replacement_failed":
+                self._replaced(str(arg), now)
+                continue
             h = self.workers.get(name)
             if h is None or not h.alive:
                 continue
             if what == "join":
                 self.listener.joined(h, now)
+                if h.kind == RESERVED and self.replacing:
+                    self._replaced(None, now)
             elif what == "fence":
                 self.declare_dead(h, str(arg), now)
             elif what == "notice" and not h.draining:
@@ -181,6 +203,14 @@ class WorkerTable:
         if released:
             event("instance %s given back (beyond the instance cap)", h.name)
         self.listener.died(h, reason, cause, now)
+        if not released and self.on_dead is not None and self.on_dead(h):
+            self.replacing += 1
+            self.listener.replacing(self.replacing, None, now)
+
+    def _replaced(self, failed: str | None, now: float) -> None:
+        """A replacement joined (`failed` None) or will not."""
+        self.replacing = max(0, self.replacing - 1)
+        self.listener.replacing(self.replacing, failed, now)
 
     def retire(self, h: WorkerHandle, now: float) -> None:
         """End a worker given back: it holds nothing any more."""

@@ -54,6 +54,14 @@ class _Busiest:
         return best
 
 
+def samples_to_move(so_far: dict[str, int], flagged: list[str]) -> list[str]:
+    """The order in which a move takes a worker's samples (uid -> tokens so far): those with the fewest
+    tokens first (the least to re-prefill), except `flagged` ones (far past their history: where they
+    are, they would be the step's tail), which go first, in their order."""
+    first = set(flagged)
+    return list(flagged) + sorted((uid for uid in so_far if uid not in first), key=lambda uid: (so_far[uid], uid))
+
+
 class Balancer:
     """Continuous load balancing (paper Algorithm 2)."""
 

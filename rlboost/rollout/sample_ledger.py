@@ -114,6 +114,19 @@ class SampleLedger:
                 del track.sample.response_ids[:], track.sample.logprobs[:], track.sample.versions[:]
         self.pending.appendleft(track.uid)
 
+    def requeue_dead(self, uids: list[str], progress: dict[str, int], forget_tokens: bool) -> tuple[int, int]:
+        """Requeue the samples a dead worker held, from their last received token (or from nothing with
+        `forget_tokens`). `progress`: request id -> tokens its attempt generated, received or not.
+        Returns (tokens generated and never received: the waste, tokens forgotten)."""
+        wasted = forgotten = 0
+        for uid in uids:
+            track = self.tracked[uid]
+            received = track.tokens - track.base
+            wasted += max(0, progress.get(track.request_id, received) - received)
+            forgotten += track.tokens if forget_tokens else 0
+            self.requeue(track, forget_tokens)
+        return wasted, forgotten
+
     def _check_version(self, track: Tracked, version: int) -> None:
         if version != self.version:
             raise StepError(f"sample {track.uid}: tokens of weight version {version} in a step at version "

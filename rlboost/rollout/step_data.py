@@ -209,6 +209,15 @@ class Worker:
         return self.busy_s + (now - self.busy_since if self.busy_since is not None else 0.0)
 
 
+def pullers(workers: Iterable[Worker], now: float, grace: float) -> tuple[float, list[WorkerLoad]]:
+    """(the earliest pull start among them, the preemptible workers pulling the step's version for at
+    most `grace` seconds): those owed a share of the dispatch."""
+    pulling = [w for w in workers if w.kind == PREEMPTIBLE and w.status is WorkerState.PULLING
+               and w.pull_since is not None and now - w.pull_since <= grace]
+    return min((w.pull_since for w in pulling), default=math.inf), [
+        WorkerLoad(w.name, 0, 0, w.max_running) for w in pulling]
+
+
 @dataclass
 class Tracked:
     uid: str
@@ -319,4 +328,4 @@ class StepStats:
 
 __all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "PendingAbort",
            "ReleaseReserved", "Request", "Retire", "SampleState", "StepConfig", "StepError", "StepStats", "Submit",
-           "Tracked", "Worker", "WorkerState"]
+           "Tracked", "Worker", "WorkerState", "pullers"]

@@ -9,41 +9,40 @@ Contract:
   order and the policies (`JSQDispatcher`, `Balancer`, HistoPipe's overrun check).
 - Events in, each with the shell's `now` (monotonic seconds in the runtime, simulated seconds in the
   simulator); nothing inside reads a clock, starts a thread or touches Ray or torch:
-  `join` / `pulling` / `ready` / `notice` / `retire` / `dead` for workers, `chunk` for streamed
-  tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
+  `join` / `pulling` / `ready` / `notice` / `retire` / `dead` / `replacing` for workers, `chunk` for
+  streamed tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
   throughput observation, `end_window` for a seeding window ended by an event rather than its time.
 - Commands out: `decide(now)` runs the step's decisions (end of the seeding window, capacity,
   dispatch, balancing) and returns every command issued since the last call, in order: `Submit`,
   `Abort`, `Retire`, `ReleaseReserved`, `GroupDone`. A shell executes them in order. An abort's answer
   comes back through `aborted` (at once in the simulator, later in the runtime); until then its
   samples stay where they are and may still stream or finish.
-- `progress(worker)`, given by the shell, answers how many tokens each request running on a worker
-  has generated in its current attempt, streamed or not, as far as the shell knows (the worker's
-  last report; the simulated engine's state). It picks the samples a rebalance moves and counts
-  the tokens a death wastes.
+- `progress(worker)`, given by the shell: tokens each request running on a worker has generated in
+  its current attempt, streamed or not, as far as the shell knows. It picks the samples a rebalance
+  moves and counts the tokens a death wastes.
 
 Invariants enforced here (DESIGN.md section 3), each raising `StepError` when input breaks it:
 1-3. on-policy, exactly once, exact continuation: every token that comes in passes the checks of the
    step's `SampleLedger` (rlboost.rollout.sample_ledger), which records where each sample stands;
 4. waste: what a dead worker generated beyond what it streamed is counted (`StepStats.wasted_tokens`);
 6. fencing: a worker declared dead never contributes again (its chunks are counted and dropped);
-7. liveness: with samples left and no worker able to take them, the step fails naming every death.
+7. liveness: with samples left, no worker able to take them and no reserved replacement on its way,
+   the step fails naming every death.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from rlboost.policies.balance import Balancer
+from rlboost.policies.balance import Balancer, samples_to_move
 from rlboost.policies.dispatch import JSQDispatcher, WorkerLoad
 from rlboost.policies.handoff import StepOutlook, workers_should_hand_off
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort, Command, GroupDone, Partial,
                                        PendingAbort, ReleaseReserved, Request, Retire, SampleState, StepConfig,
-                                       StepError, StepStats, Submit, Tracked, Worker, WorkerState)
+                                       StepError, StepStats, Submit, Tracked, Worker, WorkerState, pullers)
 from rlboost.rollout.sample_ledger import SampleLedger
 from rlboost.rollout.step_gates import DecisionGates
 
@@ -88,6 +87,8 @@ class StepState:
         self._aborts: dict[int, PendingAbort] = {}
         self._handoffs: set[int] = set()
         self._abort_ids = itertools.count(1)
+        self._handed_off = False
+        self._reserved_coming = 0
         self._gates = DecisionGates()
         self._changed = self._gates.changed
 
@@ -107,8 +108,10 @@ class StepState:
         state = WorkerState.PULLING if state is WorkerState.JOINING else state
         self.workers[name] = w = Worker(name, kind, max_running, profile or ThroughputProfile(), state,
                                         pull_since=pulling_since if state is WorkerState.PULLING else None)
+        w.accepting = not (kind == RESERVED and self._handed_off)  # a late replacement: the trainer's turn
         self._changed(members=True)
         self._retire_if_empty(w)
+        self._sleep_if_late(w)
 
     def pulling(self, name: str, since: float) -> None:
         """The worker started pulling the step's version at `since`."""
@@ -126,6 +129,15 @@ class StepState:
         if w.status is WorkerState.PULLING:
             w.status, w.pull_since = WorkerState.SERVING, None
             self._changed(members=True)
+            self._sleep_if_late(w)
+
+    def replacing(self, count: int, failed: str | None = None) -> None:
+        """`count` replacements of dead reserved workers boot (each `join`s when admitted): with none
+        serving, the step waits for them instead of failing. `failed`: why one did not start."""
+        self._reserved_coming = count
+        self._changed(members=True)
+        if failed is not None:
+            self.stats.deaths.append((self.now - self.t0, "a reserved worker's replacement", failed))
 
     def notice(self, name: str, now: float) -> None:
         """A preemption notice: no more work, and what it holds is taken back before the kill."""
@@ -167,15 +179,10 @@ class StepState:
             stats.preemptions += 1
             stats.in_flight_at_preemption += len(w.assigned)
         progress = self.progress(name) if self.progress is not None and w.assigned else {}
-        for uid in sorted(w.assigned):
-            track = self.tracked[uid]
-            received = track.tokens - track.base
-            stats.wasted_tokens += max(0, progress.get(track.request_id, received) - received)
-            recompute = self.config.migration == "recompute"
-            if recompute:
-                stats.recomputed_tokens += track.tokens
-            self.ledger.requeue(track, forget_tokens=recompute)
-            stats.migrated["preempted"] += 1
+        wasted, forgotten = self.ledger.requeue_dead(sorted(w.assigned), progress, self.config.migration == "recompute")
+        stats.wasted_tokens += wasted
+        stats.recomputed_tokens += forgotten
+        stats.migrated["preempted"] += len(w.assigned)
         w.assigned.clear()
         w.holding_changed(self.now)
         for aid in [aid for aid, pa in self._aborts.items() if pa.worker == name]:
@@ -329,7 +336,7 @@ class StepState:
                 w.accepting = False
                 self._handoffs.add(self._take_back(w, sorted(w.assigned), "seed_handoff", then_sleep=True))
         self._changed(members=True)
-        self.seeding = False
+        self.seeding, self._handed_off = False, True
         self.stats.seed_s = self.now - self.t0
 
     def _handoff_pays(self) -> bool:
@@ -354,8 +361,10 @@ class StepState:
         eligible = self.eligible()
         if eligible or not self.pending:
             return eligible
-        reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerState.SERVING]
-        if not reserved:
+        reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.alive and not w.status.draining]
+        if not any(w.status is WorkerState.SERVING for w in reserved):
+            if self._reserved_coming or reserved:
+                return []  # a reserved worker replacing a dead one boots or pulls the step's version
             raise StepError(f"no rollout worker left at weight version {self.version}: "
                             + ("; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths) or "none joined"))
         for w in reserved:
@@ -372,15 +381,8 @@ class StepState:
             return []
         grace = max(self.config.share_grace_s, 2 * self.longest_pull_s)
         # the same pullers, as long as the earliest of them is within its grace
-        return self._gates.per_membership("incoming", lambda: self._pullers(grace),
-                                          keep=lambda pullers: self.now - pullers[0] <= grace)[1]
-
-    def _pullers(self, grace: float) -> tuple[float, list[WorkerLoad]]:
-        """(the earliest pull start among them, the pulling workers within their grace)."""
-        pulling = [w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.status is WorkerState.PULLING
-                   and w.pull_since is not None and self.now - w.pull_since <= grace]
-        return min((w.pull_since for w in pulling), default=math.inf), [
-            WorkerLoad(w.name, 0, 0, w.max_running) for w in pulling]
+        return self._gates.per_membership("incoming", lambda: pullers(self.workers.values(), self.now, grace),
+                                          keep=lambda found: self.now - found[0] <= grace)[1]
 
     def _dispatch(self) -> None:
         if not self.pending:
@@ -425,15 +427,9 @@ class StepState:
         for move in moves:
             source, target = self.workers[move.source], self.workers[move.target]
             so_far = self._tokens_so_far(source)
-            # the cheapest to move are those with the fewest tokens (the least to re-prefill) ...
-            chosen = sorted(source.assigned, key=lambda uid: (so_far[uid], uid))
-            if move.executing and self.overruns is not None:
-                # ... except samples far past their history: where they are, they would be the tail
-                flagged = self.overruns({uid: so_far[uid] for uid in source.assigned})
-                self.stats.overruns_moved += len(flagged[:move.count])
-                first = set(flagged)
-                chosen = flagged + [uid for uid in chosen if uid not in first]
-            self._take_back(source, chosen[:move.count], "rebalanced", target=target.name)
+            flagged = self.overruns(dict(so_far)) if move.executing and self.overruns is not None else []
+            self.stats.overruns_moved += len(flagged[:move.count])
+            self._take_back(source, samples_to_move(so_far, flagged)[:move.count], "rebalanced", target=target.name)
 
     def _tokens_so_far(self, w: Worker) -> dict[str, int]:
         """uid -> response tokens of each sample `w` holds, as far as the shell knows."""
@@ -461,6 +457,10 @@ class StepState:
         self._aborts[aid] = PendingAbort(w.name, requests, reason, target, self.now)
         self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep))
         return aid
+
+    def _sleep_if_late(self, w: Worker) -> None:  # a reserved worker serving after the hand-off frees its memory
+        if w.kind == RESERVED and not w.accepting and w.status is WorkerState.SERVING:
+            self._take_back(w, [], "seed_handoff", then_sleep=True)
 
     def _retire_if_empty(self, w: Worker) -> None:
         if (w.status is WorkerState.RETIRING and not w.retired and not w.assigned
