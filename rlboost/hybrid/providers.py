@@ -100,7 +100,7 @@ class Provider:
         the reports; a test passes its own): take the ended boots, reap, `tick`, report."""
         self._wall_s = wall_s
         self._take_ended_boots(wall_s)
-        tick_failed = f"the {type(self).__name__} provider's tick failed: %s"
+        tick_failed = f"provider {type(self).__name__}: a tick failed: %s"
         try:
             self.fleet.reap()
             self.tick(self.clock() - self.t0)
