@@ -121,8 +121,8 @@ class Provider:
             if error is None:
                 self.backoff.booted()
             else:
-                wait_s = self.backoff.failed(wall_s)
-                _warn(BOOT_FAILED, [self.boot_digest.failed(wall_s, error, note=f"next launch in {seconds(wait_s)} s")])
+                self.backoff.failed(wall_s)
+                _warn(BOOT_FAILED, [self.boot_digest.failed(wall_s, error, note=self._launch_note(wall_s))])
 
     def launch(self, count: int, node_id: str | None = None) -> bool:
         """Ask the fleet for `count` instances (on Ray node `node_id`), unless launches are held back
@@ -135,10 +135,11 @@ class Provider:
         return True
 
     def _launch_note(self, wall_s: float) -> str:
+        """When launches go on, for a line about failed boots."""
         wait_s = self.backoff.wait_s(wall_s)
         if wait_s > 0:
             return f"next launch in {seconds(wait_s)} s"
-        return "an instance booted since" if not self.backoff.failures else "launches go on"
+        return "an instance booted since" if not self.backoff.failures else ""
 
     def tick(self, now_s: float) -> None:
         raise NotImplementedError
