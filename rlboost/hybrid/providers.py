@@ -45,7 +45,8 @@ BOOT_FAILED = "an instance failed to boot: %s"
 
 
 class Provider:
-    """Shared loop: `tick(now)` every TICK_S seconds until `stop()`; `cap` from the controller.
+    """Shared loop: a `turn` every TICK_S seconds until `stop()` (the ended boots, then `tick(now)`,
+    its launches through `launch`, which holds them back after failed boots); `cap` from the controller.
     `now` is seconds since `start()` on `clock` (the monotonic clock; a test passes its own to script
     the schedule at exact moments)."""
 
