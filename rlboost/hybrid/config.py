@@ -90,6 +90,22 @@ class HybridConfig:
     respawn: bool = True
     """`fixed` provider: replace a killed instance at once (the new one joins mid-step once its weight
     pull verifies)."""
+    launch_backoff_s: float = 1.0
+    """After an instance fails to boot, its provider launches none for this long; each further failed
+    boot in a row doubles the wait, up to launch_backoff_max_s, and one that boots resets it
+    (`rlboost.policies.launch_backoff`): an instance that can never boot (a model missing on the
+    instances, a Ray node that does not come up) is not asked for at every 0.1 s tick. 0: no backoff."""
+    launch_backoff_max_s: float = 60.0
+    """The longest wait between launches after failed boots (>= launch_backoff_s)."""
+    failure_summary_s: float = 30.0
+    """A failed boot or a provider error reaches the console as one warning line the first time its
+    cause is seen (instance names and numbers aside: `rlboost.policies.failure_digest`); its repeats
+    are counted and summarised in one line ("N more times in the last S s; next launch in T s") no
+    sooner than this many seconds later, the wait doubling after each summary up to
+    failure_summary_max_s. 0: every repeat is reported at the next tick."""
+    failure_summary_max_s: float = 600.0
+    """The longest wait between two summary lines of one cause (>= failure_summary_s); a cause quiet
+    for longer is reported in full again if it comes back."""
     trace: TraceConfig = field(default_factory=TraceConfig)
     """The spot trace the `trace` provider replays."""
     offload: OffloadConfig = field(default_factory=OffloadConfig)
@@ -114,12 +130,16 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
         if self.preempt_with == "node" and self.instances not in ("nodes", "hosts"):
             raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes or hosts")
-        for name in ("seed_window_s", "preempt_every_s", "report_delay_s"):
+        for name in ("seed_window_s", "preempt_every_s", "report_delay_s", "launch_backoff_s", "failure_summary_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.hybrid.{name} must be > 0, got {getattr(self, name)}")
+        for first, most in (("launch_backoff_s", "launch_backoff_max_s"), ("failure_summary_s", "failure_summary_max_s")):
+            if getattr(self, most) < getattr(self, first):
+                raise ValueError(f"rollout.hybrid.{most} must be >= {first} ({getattr(self, first)}), "
+                                 f"got {getattr(self, most)}")
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
             raise ValueError("rollout.hybrid.heartbeat_timeout_s must exceed heartbeat_interval_s")
         if not isinstance(self.gpus_per_worker, int) or self.gpus_per_worker < 0:

@@ -18,11 +18,11 @@ outlives the fleet.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import ray
@@ -123,7 +123,7 @@ class Fleet:
                 self._ended(name)
                 if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
                     continue  # preempted while it booted
-                raise RuntimeError(f"rollout worker {name} ({kind}) failed to start: {e}") from e
+                raise RuntimeError(f"rollout worker {name} ({kind}) failed to start: {first_line(e)}") from e
             handle = WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version,
                                   info.fingerprint, info.checksum, launched=launched)
             if self.manager.add_worker(handle):
@@ -134,9 +134,12 @@ class Fleet:
             self.joins += len(handles)
         return handles
 
-    def launch(self, count: int, node_id: str | None = None) -> None:
+    def launch(self, count: int, node_id: str | None = None,
+               on_boot: Callable[[str | None], None] = lambda error: None) -> None:
         """Ask for `count` preemptible instances without waiting: they join (mid-step too) once
-        booted, and serve once their pull verifies. `node_id`: boot it on that Ray node."""
+        booted, and serve once their pull verifies. `node_id`: boot it on that Ray node. `on_boot`,
+        called from the boot thread before `starting` drops: None once they booted, else the first
+        line of why not (kept in `boot_failures` too); the provider reports it, once per cause."""
         if count <= 0:
             return
         with self._lock:
@@ -147,7 +150,9 @@ class Fleet:
                 self.start(PREEMPTIBLE, count, node_id)
             except Exception as e:  # noqa: BLE001 - a failed boot is a missing instance, not a failed run
                 self.boot_failures.append(first_line(e))
-                logging.getLogger(__name__).warning("an instance failed to boot: %s", first_line(e))
+                on_boot(first_line(e))
+            else:
+                on_boot(None)
             finally:
                 with self._lock:
                     self.starting -= count
@@ -156,9 +161,6 @@ class Fleet:
         with self._lock:
             self._boots = [t for t in self._boots if t.is_alive()] + [thread]
         thread.start()
-
-    def launch_on(self, node_id: str) -> None:
-        self.launch(1, node_id)
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Between steps: wait until every live worker serves the current version (or is dropped)."""

@@ -69,11 +69,18 @@ class WorkerHandle:
 
 
 def first_line(e: BaseException) -> str:
-    """`Type: first line` of an error; for a Ray task error, of its cause (Ray's banner says nothing)."""
+    """`Type: first line` of an error; for a Ray task error, of its cause (Ray's banner says nothing);
+    for an actor that died raising in its constructor, the `Type: message` line its traceback ends
+    with (Ray keeps only the text of that error, after a banner naming the actor's pid and ids)."""
     cause = getattr(e, "cause", None)
     if isinstance(cause, BaseException):
         e = cause
     text = str(e).strip().splitlines()
+    if getattr(e, "actor_init_failed", False):
+        frames = [i for i, line in enumerate(text) if line.startswith('  File "')]
+        raised = next((line for line in text[frames[-1] + 1:] if line and not line[0].isspace()), None) if frames else None
+        if raised:
+            return raised
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 

@@ -1,5 +1,6 @@
 """Pure policy objects (dispatch, balancing, throughput profile, offload controller, speculation
-budget, HistoPipe ordering) shared by the runtime and the simulator."""
+budget, HistoPipe ordering) shared by the runtime and the simulator; the runtime's launch backoff and
+failure digest (`launch_backoff`, `failure_digest`)."""
 
 from rlboost.policies.balance import Balancer, Move
 from rlboost.policies.dispatch import JSQDispatcher, WorkerLoad
