@@ -237,8 +237,8 @@ class RayClusterPool(Provider):
     def _warn(self, draining: dict[str, float | None], now_s: float) -> None:
         running = [(h.name, h.node_id) for h in self.running()]
         self.warned &= {name for name, _ in running}
-        for name, seconds in drain_notices(draining, running, self.warned, time.time()):
-            self.fleet.manager.table.notice(name, seconds)
+        for name, seconds_left in drain_notices(draining, running, self.warned, time.time()):
+            self.fleet.manager.table.notice(name, seconds_left)
             self.warned.add(name)
             self.notices += 1
             self.events.append((now_s, "notice", name))
