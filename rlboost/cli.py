@@ -98,6 +98,19 @@ BENCH_LOGS = Path("outputs") / "bench"
 """Where `rlboost bench NAME` writes its log (NAME.log): Ray's messages, the run's events."""
 
 
+def partial_writer(path: Path):
+    """What a long bench calls with its result so far: written beside `path` (`NAME.partial.json`),
+    whole or not at all; the final result replaces it."""
+    partial = path.with_suffix(".partial.json")
+
+    def save(result: dict) -> None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        tmp = partial.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.replace(partial)
+    return save
+
+
 def _bench(args: argparse.Namespace) -> int:
     from rlboost.run_log import run_log
     from rlboost.tables import log_for, print_line, print_output
@@ -111,6 +124,8 @@ def _bench(args: argparse.Namespace) -> int:
     if needs_room(cfg) if callable(needs_room) else needs_room:
         _enter_room(args.argv)  # the bench goes on inside a room of emulated hosts
     kwargs = {"log": log_for(console)} if "log" in inspect.signature(run).parameters else {}
+    if args.json and "save_partial" in inspect.signature(run).parameters:  # hours of rows survive a stop
+        kwargs["save_partial"] = partial_writer(Path(args.json))
     # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the
     # console keeps the bench's own lines and the events
     log = BENCH_LOGS / f"{args.what}.log"
@@ -122,6 +137,7 @@ def _bench(args: argparse.Namespace) -> int:
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
+        path.with_suffix(".partial.json").unlink(missing_ok=True)
         print_line(console, f"wrote {path}")
     return 0
 

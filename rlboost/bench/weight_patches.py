@@ -49,9 +49,9 @@ DTYPES = ("bfloat16", "float32")
 
 
 def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, keep: tuple[int, ...] = (),
-              per_step: int = 8):
+              per_step: int = 8, on_rows=lambda rows: None):
     """Rows of part 1 for one model and lr (in a Ray the caller started); also the weights after each
-    step in `keep` (and the base, as step 0), for the link rows."""
+    step in `keep` (and the base, as step 0), for the link rows. `on_rows(rows so far)` after each step."""
     loaded = load_model(ModelConfig(path=model))
     rows = arithmetic_rows(64, seed, "train")
     prompts = [list(loaded.tokenizer.apply_chat_template(r.prompt, add_generation_prompt=True, tokenize=True,
@@ -90,6 +90,7 @@ def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, kee
                         "bit_identical": identical and [zlib.crc32(a) for a in full] == [b.crc32 for b in m.buckets]})
             del full, by_patch, joiner, m
             gc.collect()  # the joiner's copies and fetched parts go now, not at some later collection
+        on_rows(out)
     return out, kept
 
 

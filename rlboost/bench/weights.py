@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import ray
@@ -81,9 +82,11 @@ class _Fetcher:
         return time.perf_counter() - t0
 
 
-def bench_weights(cfg: WeightsBenchConfig) -> dict:
+def bench_weights(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] = lambda result: None) -> dict:
+    """`save_partial`: called with the result so far after every GRPO step and part of `--patches`
+    (they take hours on a CPU), so a stopped run keeps what it measured."""
     if cfg.patches:
-        return bench_patches(cfg)
+        return bench_patches(cfg, save_partial)
     hybrid = HybridConfig(num_preemptible=0, instances="nodes")
     cluster_cfg = ClusterConfig()
     cluster_cfg.weights.bucket_mb = cfg.bucket_mb
@@ -133,7 +136,7 @@ def _floor(fleet: Fleet, refs: list, n: int) -> float:
             cluster.head.remove_node(node, allow_graceful=False)
 
 
-def bench_patches(cfg: WeightsBenchConfig) -> dict:
+def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] = lambda result: None) -> dict:
     from rlboost.bench import weight_patches
 
     for link in cfg.links:
@@ -148,8 +151,10 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
             for lr in cfg.lrs:
                 first = not versions
                 keep = (0, cfg.steps - 1, cfg.steps) if first else ()
-                out, kept = weight_patches.byte_rows(model, lr, cfg.steps, cfg.max_tokens, cfg.seed, keep,
-                                                          cfg.prompts_per_step)
+                done = len(rows)
+                out, kept = weight_patches.byte_rows(
+                    model, lr, cfg.steps, cfg.max_tokens, cfg.seed, keep, cfg.prompts_per_step,
+                    on_rows=lambda so_far: save_partial(_result(cfg, rows[:done] + so_far, [])))
                 rows += out
                 if first:
                     versions = kept
@@ -161,10 +166,15 @@ def bench_patches(cfg: WeightsBenchConfig) -> dict:
                               ("links", cfg.links, lambda: weight_patches.link_rows(
             cfg.patch_models[0], versions, cfg.links, cfg.bucket_mb))):
         if wanted:
-            try:  # a part that fails keeps the rows measured before it (the bytes take half an hour)
+            try:  # a part that fails keeps the rows measured before it (the bytes take hours)
                 rows += run()
             except Exception as e:  # noqa: BLE001 - reported in the result, and the part's rows are missing
                 errors.append(f"{part}: {type(e).__name__}: {e}")
+            save_partial(_result(cfg, rows, errors))
+    return _result(cfg, rows, errors)
+
+
+def _result(cfg: WeightsBenchConfig, rows: list[dict], errors: list[str]) -> dict:
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": rows, "errors": errors}
 
 
