@@ -11,9 +11,18 @@ can on a trace replay, whose instances boot during the run. A kill lands at the 
 tick after its token count (`TICK_S`: the tokens generated in one tick later at most); the next one
 is drawn from there. A kill due while every instance is still booting is skipped (`FixedPool.tick`):
 count the kills that happened from the run's metrics (`spot/preemptions`).
+
+In the test's process: `kill_on_progress(mean_tokens, seed, monkeypatch.setattr)`, then
+`rlboost.cli.main([... *ON_PROGRESS])`. A run in a process of its own:
+`python -m progress_kills MEAN_TOKENS SEED train CONFIG ... ` with this folder on PYTHONPATH (`command`).
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import rlboost.hybrid.providers as providers
 import rlboost.hybrid.rollout as hybrid_rollout
@@ -28,10 +37,11 @@ ON_PROGRESS = ["rollout.hybrid.trace.tokens_per_s=1", "rollout.hybrid.preempt_ev
 per generated token (the `fixed` provider reads no other trace.* key), and no chaos on wall time."""
 
 
-def kill_on_progress(monkeypatch, mean_tokens: float, seed: int) -> list[FixedPool]:
+def kill_on_progress(mean_tokens: float, seed: int, patch: Callable = setattr) -> list[FixedPool]:
     """From now on, hybrid runs in this process get the `fixed` pool killing one instance every
     `mean_tokens` generated tokens on average (seeded by `seed`, not the run's seed, so that a test's
-    kills stay where they are when its data changes). Returns the pools built, one per run."""
+    kills stay where they are when its data changes). `patch`: how to set the module attributes (a
+    test's `monkeypatch.setattr`, undone after it). Returns the pools built, one per run."""
     pools: list[FixedPool] = []
 
     def fixed_pool_on_progress(cfg, fleet, run_seed, progress=None) -> FixedPool:
@@ -41,6 +51,21 @@ def kill_on_progress(monkeypatch, mean_tokens: float, seed: int) -> list[FixedPo
         pools.append(pool)
         return pool
 
-    monkeypatch.setattr(hybrid_rollout, "make_provider", fixed_pool_on_progress)
-    monkeypatch.setattr(providers, "TICK_S", TICK_S)
+    patch(hybrid_rollout, "make_provider", fixed_pool_on_progress)
+    patch(providers, "TICK_S", TICK_S)
     return pools
+
+
+def command(mean_tokens: float, seed: int, *argv: str) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) of `rlboost <argv>` in a process of its own, killed by
+    `kill_on_progress`; run it from the repository's root (`-m` finds `rlboost` there)."""
+    paths = [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return [sys.executable, "-m", "progress_kills", str(mean_tokens), str(seed), *argv], env
+
+
+if __name__ == "__main__":
+    from rlboost.cli import main
+
+    kill_on_progress(float(sys.argv[1]), int(sys.argv[2]))
+    sys.exit(main(sys.argv[3:]))

@@ -37,7 +37,7 @@ def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys, m
     30,000 tokens, so both kills come while the instances hold samples, on a fast machine as on a
     loaded one."""
     batch, n, mean_tokens = 16, 8, 2000
-    pools = kill_on_progress(monkeypatch, mean_tokens=mean_tokens, seed=0)
+    pools = kill_on_progress(mean_tokens, 0, monkeypatch.setattr)
     assert main(["train", str(REPO / "configs" / "hybrid_smoke.yaml"), *VLLM, *QUIET, f"run.output_dir={tmp_path}",
                  "run.total_steps=1", f"data.train_batch_size={batch}", f"rollout.n={n}",
                  "data.max_response_length=256", *ON_PROGRESS]) == 0

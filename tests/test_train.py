@@ -95,7 +95,7 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path, monkey
     common = [f"reward.path={reward}", "trainer.lr=1e-2", "run.save_freq=0", "rollout.n=8",
               "data.max_response_length=16", *QUIET]
     colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
-    pools = kill_on_progress(monkeypatch, mean_tokens=500, seed=0)
+    pools = kill_on_progress(500, 0, monkeypatch.setattr)
     run = train(tmp_path, *common, "run.total_steps=8", "run.test_freq=4", "rollout.mode=hybrid",
                 "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05", *ON_PROGRESS)
     m = metrics_of(run)
