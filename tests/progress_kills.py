@@ -8,9 +8,9 @@ A loaded machine and an idle one then kill at the same tokens of the run, only w
 (progress stands still while the trainer trains), and into the `fixed` pool, whose instances serve
 before the first step: the first kills cannot come before an instance exists to take them, as they
 can on a trace replay, whose instances boot during the run. A kill lands at the provider's first
-tick after its token count (`TICK_S`: the tokens generated in one tick later at most); the next one
-is drawn from there. A kill due while every instance is still booting is skipped (`FixedPool.tick`):
-count the kills that happened from the run's metrics (`spot/preemptions`).
+tick after its token count (a tick every `TICK_S` here), and the next one is drawn from there. A
+kill due while every instance is still booting is skipped (`FixedPool.tick`): count the kills that
+happened from the run's metrics (`spot/preemptions`).
 
 In the test's process: `kill_on_progress(mean_tokens, seed, monkeypatch.setattr)`, then
 `rlboost.cli.main([... *ON_PROGRESS])`. A run in a process of its own:
