@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from hybrid_util import patience
 from rlboost.cli import main
 
 BENCH_KEYS = {"engine_tokens_per_s", "hf_generate_tokens_per_s", "roofline_tokens_per_s", "batch", "device",
@@ -142,7 +143,7 @@ def test_an_unreachable_ray_address_exits_2_in_one_line_before_ray(capsys):
         port = s.getsockname()[1]
     start = time.monotonic()
     rc = main(["train", "configs/hybrid_smoke.yaml", f"cluster.ray_address=127.0.0.1:{port}"])
-    assert rc == 2 and time.monotonic() - start < 30
+    assert rc == 2 and time.monotonic() - start < patience(15)  # Ray's own retries take minutes
     captured = capsys.readouterr()
     lines = captured.out.strip().splitlines()  # the config banner, then the error
     assert lines[-1] == f"error: cluster.ray_address=127.0.0.1:{port}: nothing answers there (connection refused)"

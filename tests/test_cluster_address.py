@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from hybrid_util import patience
 from rlboost.cluster.address import check_joinable, check_reachable, parse_address
 from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
 from rlboost.config import ConfigError, RLBoostConfig, load_config
@@ -52,7 +53,7 @@ def test_nothing_answering_is_one_line_in_seconds():
     start = time.monotonic()
     with pytest.raises(ValueError) as err:
         check_reachable(address)
-    assert time.monotonic() - start < 5
+    assert time.monotonic() - start < patience(2.5)
     assert str(err.value) == f"cluster.ray_address={address}: nothing answers there (connection refused)"
 
 
@@ -80,7 +81,7 @@ def test_something_that_is_not_a_gcs_is_one_line(listener):
     start = time.monotonic()
     with pytest.raises(ValueError) as err:
         check_joinable(joining(listener), timeout_s=1.0)
-    assert time.monotonic() - start < 15
+    assert time.monotonic() - start < patience(7.5)
     message = str(err.value)
     assert message.startswith(f"cluster.ray_address={listener}: not a Ray GCS that answers") and "\n" not in message
 

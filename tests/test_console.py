@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import progress_kills
 from hybrid_util import patience
 from rlboost.cli import base_config
 from rlboost.configs import SHOWCASE
@@ -47,11 +47,13 @@ def wait_for(condition, what: str, proc: subprocess.Popen, limit_s: float) -> No
 
 def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigterm(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "rlboost.cli", "train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
-         "run.total_steps=500", "rollout.hybrid.preempt_every_s=0.5", "tracking.report=false",
-         "tracking.loggers=[console,jsonl]"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # kills at seeded token counts, the first due at about the 930th token: in step 1's generation
+    # (some 2,000 tokens), so that its line names the samples it migrated
+    argv, env = progress_kills.command(500, 0, "train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
+                                       "run.total_steps=500", *progress_kills.ON_PROGRESS, "tracking.report=false",
+                                       "tracking.loggers=[console,jsonl]")
+    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     family: set[int] = set()
     try:
@@ -80,7 +82,7 @@ def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigter
     assert death in log.read_text()  # it went to the run's log instead
     assert status == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stdout + stderr, stdout + stderr
-    assert stdout.splitlines()[0] == f"config: {HYBRID_SMOKE} with 5 override(s)"
+    assert stdout.splitlines()[0] == f"config: {HYBRID_SMOKE} with 6 override(s)"
     assert "stopped by SIGTERM" in stdout and f"run.output_dir={run_dir}" in stdout, stdout
     # every worker and Ray process of the run went with it
     deadline = time.monotonic() + patience(30)

@@ -25,7 +25,7 @@ from rlboost.models import ModelConfig, load_model
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic")
     # small batches make a step long enough (seconds) for an instance to boot and join during it
-    fleet, _ = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=20, pull_retries=2),
+    fleet, _ = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=patience(10), pull_retries=2),
                            spec_overrides={"engine": dataclasses.replace(ENGINE, max_num_seqs=4)})
     fleet.tmp = tmp
     advance(fleet)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from progress_kills import ON_PROGRESS, kill_on_progress
 from rlboost.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -29,23 +30,27 @@ def samples_trained(m: dict) -> int:
     return round(m["perf/response_tokens"] / m["response_length/mean"])
 
 
-def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys):
-    """Where the kills land is the seeded chaos of `rollout.hybrid.preempt_every_s` (wall time from the
-    provider's start, when the fixed pool's instances already serve: with seed 0 and 2 s, at about
-    3.7 and 3.8 s), so the step is made long enough that they land while it generates: 128 samples of
-    up to 256 tokens, 10-20 s of generation on a 2-core machine."""
-    batch, n = 16, 8
+def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys, monkeypatch):
+    """The kills land at seeded token counts of the run (`progress_kills`: with seed 0 and one per
+    2,000 tokens on average, the first two due at about the 3,700th and the 6,600th token) into the
+    fixed pool's instances, which serve from the step's start: 128 samples of up to 256 tokens, some
+    30,000 tokens, so both kills come while the instances hold samples, on a fast machine as on a
+    loaded one."""
+    batch, n, mean_tokens = 16, 8, 2000
+    pools = kill_on_progress(mean_tokens, 0, monkeypatch.setattr)
     assert main(["train", str(REPO / "configs" / "hybrid_smoke.yaml"), *VLLM, *QUIET, f"run.output_dir={tmp_path}",
                  "run.total_steps=1", f"data.train_batch_size={batch}", f"rollout.n={n}",
-                 "data.max_response_length=256", "rollout.hybrid.preempt_every_s=2.0"]) == 0
+                 "data.max_response_length=256", *ON_PROGRESS]) == 0
     out = capsys.readouterr().out
     assert "Traceback" not in out and "rese-1 lost" not in out, out
     # the chaos's SIGKILLs of instances that held samples, not another death (a machine short of
     # memory has Ray kill workers too)
-    kills = re.findall(r"preempted by the seeded random preemptions \(one per ~2 s\): (\d+) samples migrated", out)
+    chaos = rf"preempted by the seeded random preemptions \(one per ~{mean_tokens} s\)"
+    kills = re.findall(chaos + r": (\d+) samples migrated", out)
     assert sum(map(int, kills)) >= 1, out
     [m] = [m for step, m in metrics_of(tmp_path).items() if step == 1]
-    assert m["spot/preemptions"] >= 1 and m["migration/preempted"] >= 1, m
+    [pool] = pools
+    assert 2 <= m["spot/preemptions"] <= len(pool.kills) and m["migration/preempted"] >= 1, (m, pool.kills)
     assert m["migration/samples"] >= m["migration/preempted"], m
     assert samples_trained(m) == batch * n  # every sample, migrated or not, trained exactly once
     # the migrated samples were finished on the step's weights: behaviour log-probs at float noise

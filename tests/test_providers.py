@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 
 import ray
 
@@ -28,13 +27,21 @@ def alive(pid: int) -> bool:
 
 class ScriptedClock:
     """The provider's clock, set by the test: the trace's moments come when the fleet is ready for them,
-    however long a busy machine takes to boot an instance."""
+    however long a busy machine takes to boot an instance. It counts its reads, one per tick of the
+    provider: `wait_ticks` waits for whole ticks, not for seconds in which a busy machine may run none."""
 
-    def __init__(self):
-        self.t = 0.0
+    def __init__(self, t: float = 0.0):
+        self.t = t
+        self.reads = 0
 
     def __call__(self) -> float:
+        self.reads += 1
         return self.t
+
+    def wait_ticks(self, n: int) -> None:
+        """Until the provider has run `n` whole ticks from now (a tick reads the clock, then acts)."""
+        start = self.reads
+        wait_for(lambda: self.reads > start + n, 10, f"{n} ticks of the provider")
 
 
 def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
@@ -47,13 +54,13 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
         provider.set_cap(1)  # the controller allows one: the trace's second is not asked for
         provider.start()
         wait_for(lambda: len(fleet.killable()) == 1, 30, "the first instance")
-        time.sleep(1.0)
+        clock.wait_ticks(3)
         assert len(fleet.killable()) + fleet.starting == 1
         provider.set_cap(None)
         wait_for(lambda: len(fleet.killable()) == 2, 30, "the second instance")
         before = {h.name: h for h in fleet.killable()}
         clock.t = 11.0  # nothing due within 4 s
-        time.sleep(0.5)
+        clock.wait_ticks(3)
         assert provider.events == []
         clock.t = 12.5  # the drop at 16 s is now within the notice
         wait_for(lambda: provider.notices, 10, "the notice")
@@ -64,7 +71,7 @@ def test_trace_replay_starts_kills_warns_and_respects_the_cap(tmp_path):
         assert noticed in before and victim == noticed  # the instance warned is the one killed...
         assert noticed_at == 12.5 and killed_at == 16.0  # ...ahead of the drop, and at it
         wait_for(lambda: not alive(before[victim].pid), 5, "the victim's process to die")  # a hard kill
-        time.sleep(0.5)
+        clock.wait_ticks(3)
         assert len(fleet.killable()) + fleet.starting == 1  # no replacement before the trace offers one
         clock.t = 20.0
         wait_for(lambda: len(fleet.killable()) == 2 and victim not in {h.name for h in fleet.killable()}, 40,
@@ -90,11 +97,12 @@ def test_the_ray_cluster_pool_serves_nodes_with_the_preemptible_resource(tmp_pat
         pool = RayClusterPool(fleet)
         try:
             pool.set_cap(1)
+            pool.clock = clock = ScriptedClock()  # it reads no time, but counts its ticks
             pool.start()
             first, second = (add_node(cluster, security, num_cpus=0, resources={PREEMPTIBLE: 1}) for _ in range(2))
             wait_for(lambda: len(fleet.killable()) == 1, 40, "a worker on a preemptible node")
-            time.sleep(1.0)
-            assert len(fleet.killable()) == 1  # the cap: one node stays unused
+            clock.wait_ticks(3)
+            assert len(pool.served) == 1 and len(fleet.killable()) == 1  # the cap: one node stays unused
             (h,) = fleet.killable()
             assert h.node_id in {first.node_id, second.node_id}
             pool.set_cap(2)

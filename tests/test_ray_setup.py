@@ -16,6 +16,7 @@ import sys
 import pytest
 import ray
 
+from hybrid_util import patience
 from rlboost.cluster import ray_setup
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
@@ -37,7 +38,7 @@ try:
     @ray.remote(num_cpus=0)
     def f():
         return 41 + 1
-    print("RESULT", ray.get(f.remote(), timeout=30), flush=True)
+    print("RESULT", ray.get(f.remote(), timeout=float(sys.argv[2])), flush=True)
 except Exception as e:
     print("FAILED", type(e).__name__, str(e)[:500], flush=True)
     sys.exit(3)
@@ -127,7 +128,7 @@ class TestLocalRay:
                 return ray.get(inner.remote(x)), os.environ.get("RAY_AUTH_TOKEN"), os.nice(0)
 
         actor = Echo.remote()
-        doubled, token, niceness = ray.get(actor.call.remote(21), timeout=60)
+        doubled, token, niceness = ray.get(actor.call.remote(21), timeout=patience(30))
         assert doubled == 42
         assert niceness == os.nice(0)  # a worker runs at the driver's priority, not Ray's nice 15
         assert token and token == os.environ["RAY_AUTH_TOKEN"]  # per-run token reached the workers
@@ -149,7 +150,7 @@ class TestLocalRay:
         assert gcs_refuses_unauthenticated(local_ray)
         with grpc.insecure_channel(local_ray) as channel:  # the same call with the token goes through
             reply = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(
-                gcs_service_pb2.GetClusterIdRequest(), timeout=10,
+                gcs_service_pb2.GetClusterIdRequest(), timeout=patience(5),
                 metadata=[("authorization", f"Bearer {os.environ['RAY_AUTH_TOKEN']}")])
         assert reply.cluster_id
 
@@ -164,13 +165,13 @@ class TestLocalRay:
             "wrong token": _client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN="0" * 64),
             "right token": _client_env(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token),
         }
-        procs = {label: subprocess.Popen([sys.executable, "-c", CLIENT, local_ray], env=env, text=True,
+        procs = {label: subprocess.Popen([sys.executable, "-c", CLIENT, local_ray, str(patience(15))], env=env, text=True,
                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                  for label, env in envs.items()}
         outputs = {}
         try:
             for label, proc in procs.items():
-                out, _ = proc.communicate(timeout=90)
+                out, _ = proc.communicate(timeout=patience(45))
                 outputs[label] = (proc.returncode, out)
         finally:
             for proc in procs.values():
@@ -224,7 +225,7 @@ class TestLocalCluster:
                         os.nice(0))
 
         actor = Where.remote()
-        node_id, pid, token, niceness = ray.get(actor.where.remote(), timeout=60)
+        node_id, pid, token, niceness = ray.get(actor.where.remote(), timeout=patience(30))
         assert node_id == node.node_id
         assert niceness == min(19, os.nice(0) + 3)  # as configured, on an added node too
         assert token == PRESET_TOKEN

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hybrid_util import patience
 from rlboost.cli import main
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -126,7 +127,7 @@ def test_report_command_loads_neither_torch_nor_ray(tmp_path):
     run_dir = write_run(tmp_path / "run")
     code = (f"import sys\nfrom rlboost.cli import main\nassert main(['report', {str(run_dir)!r}]) == 0\n"
             "print('loaded:', *(m for m in ('ray', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=patience(60), check=True).stdout
     assert out.splitlines()[-1] == "loaded:", out
 
 
@@ -145,7 +146,7 @@ window.addEventListener('load', () => {
 </script></body>"""))
     browser = [chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*browser, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri()],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+                         capture_output=True, text=True, timeout=patience(60), check=True).stdout
     [decoded] = re.findall(r'<pre id="probe">([^<]*)</pre>', dom)
     widths = dict(item.split("=") for item in decoded.split())
     assert sorted(widths) == sorted(p.stem for p in (run_dir / "report").glob("*.png"))
@@ -153,7 +154,7 @@ window.addEventListener('load', () => {
 
     shot = tmp_path / "shot.png"
     subprocess.run([*browser, f"--screenshot={shot}", "--window-size=1200,2400", page.as_uri()],
-                   capture_output=True, timeout=120, check=True)
+                   capture_output=True, timeout=patience(60), check=True)
     from matplotlib.image import imread
 
     pixels = imread(shot)[..., :3]

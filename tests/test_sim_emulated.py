@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from hybrid_util import patience
 from rlboost.engine import EngineBackend, EngineStateError, InvalidRequestError
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.sim.emulated import EmulatedEngine, EmulatedEngines, EmulationConfig, logprob_at, token_at, workload_seed
@@ -98,7 +99,9 @@ def test_pace_in_real_time():
     expected = engine_rollout(cfg.profiles()[0], lengths, len(PROMPT)).seconds * 0.25
     assert expected > 1.0
     assert wall >= expected * 0.99  # never ahead of the model
-    assert wall <= expected * 1.3 + 0.3  # late only by what a loaded machine withholds
+    # late only by what a loaded machine withholds: 30% and 0.3 s on an idle one, more beside other work
+    # (the deadlines are absolute, so a late wake-up is not carried into the next sleep)
+    assert wall <= expected + patience(0.15 * expected + 0.15)
     assert cpu < 0.2 * expected  # it sleeps, it does not compute
 
 

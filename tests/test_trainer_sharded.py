@@ -162,7 +162,7 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(cluster):
     try:
         trainers.train_step(copy.deepcopy(groups), len(groups))
         manifest = trainers.publish(1, WeightsConfig(bucket_mb=bucket_mb, patches=False))
-        got = pull(manifest, manifest.fingerprint, timeout_s=60)
+        got = pull(manifest, manifest.fingerprint, timeout_s=patience(30))
         assert manifest.version == 1 and len(manifest.buckets) > 2
         assert set(got) == set(want)
         for name in want:
@@ -175,12 +175,12 @@ def test_weights_published_from_shards_equal_world_1_bucket_by_bucket(cluster):
         store = WeightsConfig(bucket_mb=bucket_mb)
         v1 = trainers.publish(1, store, "bfloat16")
         worker = HostCopy()
-        worker.pull(v1, v1.fingerprint, timeout_s=60)
+        worker.pull(v1, v1.fingerprint, timeout_s=patience(30))
         trainers.train_step(copy.deepcopy(groups), len(groups))
         v2 = trainers.publish(2, store, "bfloat16")
-        reached = worker.pull(v2, v2.fingerprint, timeout_s=60)
+        reached = worker.pull(v2, v2.fingerprint, timeout_s=patience(30))
         assert reached.result.mode == "patch" and reached.changed
-        full = pull(v2, v2.fingerprint, timeout_s=60)
+        full = pull(v2, v2.fingerprint, timeout_s=patience(30))
         assert all(torch.equal(reached.weights[n].view(torch.int16), full[n].view(torch.int16)) for n in full)
     finally:
         trainers.close()

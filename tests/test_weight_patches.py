@@ -13,6 +13,7 @@ import pytest
 import ray
 import torch
 
+from hybrid_util import patience
 from rlboost.cluster import patches
 from rlboost.cluster import weights as ws
 from rlboost.cluster.config import WeightsConfig
@@ -83,7 +84,7 @@ def step(state: dict, lr: float, seed: int) -> dict:
 
 
 def full_bytes(m) -> list[np.ndarray]:
-    return ws.pull(m, m.fingerprint, timeout_s=30).arrays
+    return ws.pull(m, m.fingerprint, timeout_s=patience(15)).arrays
 
 
 def assert_bit_identical(reached, m):
@@ -100,7 +101,7 @@ def test_a_worker_reaches_every_version_by_patch_bit_for_bit(bucket_mb):
     for v in range(4):
         m = publisher.publish(list(state.items()), v).manifest
         assert all(s.dtype == "torch.bfloat16" for b in m.buckets for s in b.tensors)  # the wire dtype
-        reached = worker.pull(m, m.fingerprint, timeout_s=30)
+        reached = worker.pull(m, m.fingerprint, timeout_s=patience(15))
         assert_bit_identical(reached, m)
         modes.append(reached.result.mode)
         if v:

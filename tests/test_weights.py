@@ -10,6 +10,7 @@ import pytest
 import ray
 import torch
 
+from hybrid_util import patience
 from rlboost.cluster import weights as ws
 from rlboost.models import tiny_model
 
@@ -33,7 +34,7 @@ def test_pull_returns_the_published_tensors_bitwise(dtype):
     manifest = ws.publish(state, version=3, bucket_mb=0.02)  # ~20 KB buckets: several of them
     assert len(manifest.buckets) > 3
     assert manifest.nbytes == sum(t.numel() * t.element_size() for t in state.values())
-    pulled = ws.pull(manifest, ws.fingerprint(state), timeout_s=10)
+    pulled = ws.pull(manifest, ws.fingerprint(state), timeout_s=patience(5))
     assert set(pulled) == set(state)
     for name, t in state.items():
         assert pulled[name].dtype == t.dtype and pulled[name].shape == t.shape
@@ -59,7 +60,7 @@ def test_a_corrupted_bucket_fails_its_checksum():
     flat = ray.get(manifest.buckets[2].ref).copy()
     flat[len(flat) // 2] ^= 0x10  # one flipped bit
     with pytest.raises(ws.WeightError, match="checksum"):
-        ws.pull(tamper(manifest, 2, flat), ws.fingerprint(state), timeout_s=10)
+        ws.pull(tamper(manifest, 2, flat), ws.fingerprint(state), timeout_s=patience(5))
 
 
 def test_a_torn_bucket_fails_its_checksum():
@@ -67,13 +68,13 @@ def test_a_torn_bucket_fails_its_checksum():
     manifest = ws.publish(state, 1, bucket_mb=0.02)
     torn = ray.get(manifest.buckets[1].ref)[:-8].copy()
     with pytest.raises(ws.WeightError, match="checksum"):
-        ws.pull(tamper(manifest, 1, torn), ws.fingerprint(state), timeout_s=10)
+        ws.pull(tamper(manifest, 1, torn), ws.fingerprint(state), timeout_s=patience(5))
 
 
 def test_weights_of_another_architecture_are_refused():
     manifest = ws.publish(params("llama"), 1)
     with pytest.raises(ws.WeightError, match="is for model .* serves model"):
-        ws.pull(manifest, ws.fingerprint(params("qwen2")), timeout_s=10)
+        ws.pull(manifest, ws.fingerprint(params("qwen2")), timeout_s=patience(5))
 
 
 def test_a_pull_that_cannot_complete_times_out():
