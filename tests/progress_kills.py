@@ -1,20 +1,17 @@
-"""Hard kills at token counts of a whole `rlboost train` run, for the tests that run the CLI in their
-own process: the `fixed` provider's chaos (`rlboost.hybrid.providers.FixedPool`: a seeded Poisson
-process of SIGKILLs of a random live instance, replaced at once) with the run's progress as its clock
-(`rlboost.spot.ProgressClock`: response tokens generated, evaluations included) instead of wall
-seconds, so production code carries no fault hook.
+"""Hard kills at token counts of a whole `rlboost train` run, for the tests that run the CLI:
+`rollout.hybrid.preempt_every_tokens` (the `fixed` provider's seeded chaos with the run's progress,
+response tokens generated, as its clock), with the provider ticking ten times as often as in a run.
 
 A loaded machine and an idle one then kill at the same tokens of the run, only while it generates
 (progress stands still while the trainer trains), and into the `fixed` pool, whose instances serve
-before the first step: the first kills cannot come before an instance exists to take them, as they
-can on a trace replay, whose instances boot during the run. A kill lands at the provider's first
-tick after its token count (a tick every `TICK_S` here), and the next one is drawn from there. A
-kill due while every instance is still booting is skipped (`FixedPool.tick`): count the kills that
-happened from the run's metrics (`spot/preemptions`).
+before the first step. A kill lands at the provider's first tick after its token count; the tiny
+model's steps generate for 0.1-0.9 s, a few ticks of a run's provider (`TICK_S` there: 0.1 s), so a
+kill would often come once the step's last tokens were in. A kill due while every instance is still
+booting has no victim: count the kills that happened from the run's metrics (`spot/preemptions`).
 
-In the test's process: `kill_on_progress(mean_tokens, seed, monkeypatch.setattr)`, then
-`rlboost.cli.main([... *ON_PROGRESS])`. A run in a process of its own:
-`python -m progress_kills MEAN_TOKENS SEED train CONFIG ... ` with this folder on PYTHONPATH (`command`).
+In the test's process: `faster_ticks(monkeypatch.setattr)`, then `rlboost.cli.main([...,
+*kills_every(tokens)])`. A run in a process of its own: `command(*argv)` runs `python -m progress_kills
+ARGV...` with this folder on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -25,47 +22,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 import rlboost.hybrid.providers as providers
-import rlboost.hybrid.rollout as hybrid_rollout
-from rlboost.hybrid.providers import FixedPool
 
 TICK_S = 0.01
-"""The provider's tick in these runs, a tenth of a run's: the tiny model's steps generate for 0.1-0.9 s,
-a few ticks of the real one, and a kill would often come once the step's last tokens were in."""
-
-ON_PROGRESS = ["rollout.hybrid.trace.tokens_per_s=1", "rollout.hybrid.preempt_every_s=0"]
-"""Overrides a run killed by `kill_on_progress` needs: the run's progress clock, one replay second
-per generated token (the `fixed` provider reads no other trace.* key), and no chaos on wall time."""
+"""The provider's tick in these runs."""
 
 
-def kill_on_progress(mean_tokens: float, seed: int, patch: Callable = setattr) -> list[FixedPool]:
-    """From now on, hybrid runs in this process get the `fixed` pool killing one instance every
-    `mean_tokens` generated tokens on average (seeded by `seed`, not the run's seed, so that a test's
-    kills stay where they are when its data changes). `patch`: how to set the module attributes (a
-    test's `monkeypatch.setattr`, undone after it). Returns the pools built, one per run."""
-    pools: list[FixedPool] = []
+def kills_every(mean_tokens: float) -> list[str]:
+    """Overrides of a run killed once every `mean_tokens` generated tokens on average (seeded by `run.seed`)."""
+    return [f"rollout.hybrid.preempt_every_tokens={mean_tokens:g}", "rollout.hybrid.preempt_every_s=0"]
 
-    def fixed_pool_on_progress(cfg, fleet, run_seed, progress=None) -> FixedPool:
-        if cfg.provider != "fixed" or progress is None or progress.tokens_per_s != 1:
-            raise ValueError(f"kill_on_progress needs rollout.hybrid.provider=fixed and the overrides {ON_PROGRESS}")
-        pool = FixedPool(fleet, cfg.num_preemptible, mean_tokens, seed, cfg.respawn, clock=progress)
-        pools.append(pool)
-        return pool
 
-    patch(hybrid_rollout, "make_provider", fixed_pool_on_progress)
+def faster_ticks(patch: Callable = setattr) -> None:
+    """Providers started from now on in this process tick every TICK_S (`patch`: a test's
+    `monkeypatch.setattr`, undone after it)."""
     patch(providers, "TICK_S", TICK_S)
-    return pools
 
 
-def command(mean_tokens: float, seed: int, *argv: str) -> tuple[list[str], dict[str, str]]:
-    """(command line, environment) of `rlboost <argv>` in a process of its own, killed by
-    `kill_on_progress`; run it from the repository's root (`-m` finds `rlboost` there)."""
+def command(*argv: str) -> tuple[list[str], dict[str, str]]:
+    """(command line, environment) of `rlboost <argv>` in a process of its own whose providers tick
+    every TICK_S; run it from the repository's root (`-m` finds `rlboost` there)."""
     paths = [str(Path(__file__).parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    return [sys.executable, "-m", "progress_kills", str(mean_tokens), str(seed), *argv], env
+    return [sys.executable, "-m", "progress_kills", *argv], env
 
 
 if __name__ == "__main__":
     from rlboost.cli import main
 
-    kill_on_progress(float(sys.argv[1]), int(sys.argv[2]))
-    sys.exit(main(sys.argv[3:]))
+    faster_ticks()
+    sys.exit(main(sys.argv[1:]))

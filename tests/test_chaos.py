@@ -71,7 +71,7 @@ def run_under_chaos(tmp_path, instances: str, kills: int) -> None:
     # pulls take 0.3 s more than they would, so a fair share of the kills land during one
     fleet, _ = start_fleet(tmp_path, num_preemptible=3, instances=instances,
                                spec_overrides={"pull_delay_s": 0.3})
-    pool = FixedPool(fleet, size=3, preempt_every_s=0.0, seed=0, respawn=True)
+    pool = FixedPool(fleet, size=3, preempt_every=0.0, seed=0, respawn=True)
     chaos = Chaos(fleet, seed=1, how=how)
     # what fails the test is a run where the kills stop (no instance comes up to be killed)
     stall_s = patience(120)

@@ -49,8 +49,8 @@ def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigter
     run_dir = tmp_path / "run"
     # kills at seeded token counts, the first due at about the 930th token: in step 1's generation
     # (some 2,000 tokens), so that its line names the samples it migrated
-    argv, env = progress_kills.command(500, 0, "train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
-                                       "run.total_steps=500", *progress_kills.ON_PROGRESS, "tracking.report=false",
+    argv, env = progress_kills.command("train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
+                                       "run.total_steps=500", *progress_kills.kills_every(500), "tracking.report=false",
                                        "tracking.loggers=[console,jsonl]")
     proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)

@@ -56,7 +56,7 @@ def fleet():
 
 
 def test_an_instance_that_cannot_boot_is_asked_for_less_often_and_its_cause_told_once(fleet, tmp_path):
-    pool = FixedPool(fleet, size=1, preempt_every_s=0.0, seed=0, respawn=True)
+    pool = FixedPool(fleet, size=1, preempt_every=0.0, seed=0, respawn=True)
     console = io.StringIO()
     launched_at = []
     with run_log(tmp_path / "run.log", Console(file=console, width=400)):

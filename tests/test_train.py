@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hybrid_util import patience
-from progress_kills import ON_PROGRESS, kill_on_progress
+from progress_kills import faster_ticks, kills_every
 from rlboost.cli import main
 from rlboost.data import arithmetic_rows, write_rows
 from rlboost.rollout import Group, Sample
@@ -95,9 +95,9 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path, monkey
     common = [f"reward.path={reward}", "trainer.lr=1e-2", "run.save_freq=0", "rollout.n=8",
               "data.max_response_length=16", *QUIET]
     colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
-    pools = kill_on_progress(500, 0, monkeypatch.setattr)
+    faster_ticks(monkeypatch.setattr)
     run = train(tmp_path, *common, "run.total_steps=8", "run.test_freq=4", "rollout.mode=hybrid",
-                "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05", *ON_PROGRESS)
+                "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05", *kills_every(500))
     m = metrics_of(run)
     # every version the trainer published reached every worker that generated with it, joiners and
     # migrated samples included. Measured: |ppo_kl| at most 1.9e-8 and probs_diff_max at most 2.4e-7;
@@ -114,9 +114,8 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path, monkey
     # the kills, counted by the steps that met them: at least the two due at about the 930th and the
     # 1,650th to 1,720th token (the second is drawn from where the first landed), with both instances
     # of the pool serving; a kill due while the replacements boot has no victim
-    [pool] = pools
     preempted = sum(m[s]["spot/preemptions"] for s in m if s)
-    assert 2 <= preempted <= len(pool.kills), (preempted, pool.kills)
+    assert preempted >= 2, preempted
     assert sum(m[s]["spot/joins"] for s in m if s) > 0
     # how much the instances generate, and in which steps, depends on when they boot and die on this
     # machine: only that they did

@@ -84,6 +84,10 @@ class HybridConfig:
     preempt_every_s: float = 0.0
     """Chaos for tests and demos: mean seconds between hard kills of a random preemptible instance
     (a seeded Poisson process over the run; 0 never kills)."""
+    preempt_every_tokens: float = 0.0
+    """The same chaos on the run's progress instead of the clock: mean response tokens generated
+    between kills, so they land at the same tokens of the run on a fast machine and a loaded one, and
+    only while it generates (0: off; not with preempt_every_s)."""
     preempt_with: str = "sigkill"
     """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
     processes (needs instances=nodes; with instances=hosts the whole host vanishes)."""
@@ -130,7 +134,10 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
         if self.preempt_with == "node" and self.instances not in ("nodes", "hosts"):
             raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes or hosts")
-        for name in ("seed_window_s", "preempt_every_s", "report_delay_s", "launch_backoff_s", "failure_summary_s"):
+        if self.preempt_every_s > 0 and self.preempt_every_tokens > 0:
+            raise ValueError("rollout.hybrid.preempt_every_s and preempt_every_tokens: choose one clock for the chaos")
+        for name in ("seed_window_s", "preempt_every_s", "preempt_every_tokens", "report_delay_s", "launch_backoff_s",
+                     "failure_summary_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s"):

@@ -147,21 +147,25 @@ class Provider:
 
 
 class FixedPool(Provider):
-    def __init__(self, fleet: Fleet, size: int, preempt_every_s: float, seed: int, respawn: bool,
-                 clock: Callable[[], float] = time.monotonic):
+    """`preempt_every`: mean time between seeded kills on `clock`, in `unit` (seconds, or the run's
+    generated tokens when `clock` is its progress); 0: none."""
+
+    def __init__(self, fleet: Fleet, size: int, preempt_every: float, seed: int, respawn: bool,
+                 clock: Callable[[], float] = time.monotonic, unit: str = "s"):
         super().__init__(fleet, clock)
         self.size, self.respawn = size, respawn
-        self.every_s = preempt_every_s
+        self.every, self.unit = preempt_every, unit
         self.rng = random.Random(seed)
-        self.next_kill = self.rng.expovariate(1.0 / preempt_every_s) if preempt_every_s > 0 else float("inf")
+        self.next_kill = self.rng.expovariate(1.0 / preempt_every) if preempt_every > 0 else float("inf")
 
     def tick(self, now_s: float) -> None:
         if now_s >= self.next_kill:
-            self.next_kill = now_s + self.rng.expovariate(1.0 / self.every_s)
+            # drawn from when the kill was due, not from this tick: the kills do not drift by a tick each
+            self.next_kill += self.rng.expovariate(1.0 / self.every)
             victims = self.running()
             if victims:
                 victim = self.rng.choice(victims)
-                self.fleet.preempt(victim, by=f"the seeded random preemptions (one per ~{self.every_s:g} s)")
+                self.fleet.preempt(victim, by=f"the seeded random preemptions (one per ~{self.every:g} {self.unit})")
                 self.kills.append(victim.name)
         if self.respawn:
             target = self.size if self.cap is None else min(self.size, self.cap)
@@ -262,7 +266,8 @@ def drain_notices(draining: dict[str, float | None], instances: Iterable[tuple[s
 
 def make_provider(cfg, fleet: Fleet, seed: int, progress: ProgressClock | None = None) -> Provider:
     """The provider of `rollout.hybrid.provider`. `progress`: the run's, which a `trace` provider
-    with `trace.tokens_per_s` > 0 replays on (None there: an error)."""
+    with `trace.tokens_per_s` > 0 replays on, and the `fixed` pool's chaos with
+    `preempt_every_tokens` > 0 kills on (None there: an error)."""
     if cfg.provider == "trace":
         if cfg.trace.tokens_per_s > 0 and progress is None:
             raise ValueError("rollout.hybrid.trace.tokens_per_s > 0 needs the run's progress clock")
@@ -270,4 +275,9 @@ def make_provider(cfg, fleet: Fleet, seed: int, progress: ProgressClock | None =
         return TraceProvider(fleet, TraceReplay.from_config(cfg.trace), clock=clock)
     if cfg.provider == "ray_cluster":
         return RayClusterPool(fleet)
+    if cfg.preempt_every_tokens > 0:
+        if progress is None:
+            raise ValueError("rollout.hybrid.preempt_every_tokens > 0 needs the run's progress clock")
+        return FixedPool(fleet, cfg.num_preemptible, cfg.preempt_every_tokens, seed, cfg.respawn,
+                         clock=progress.tokens, unit="tokens")
     return FixedPool(fleet, cfg.num_preemptible, cfg.preempt_every_s, seed, cfg.respawn)

@@ -60,8 +60,9 @@ class HybridRollout:
         self.loop = OffloadLoop(OffloadController(cfg.offload, cfg.seed_window_s, cfg.num_reserved,
                                                   reserved_usd_per_s=reserved_usd_per_s,
                                                   instance_usd_per_s=instance_usd_per_s))
-        # the trace replay's clock when it is tied to the run's progress (trace.tokens_per_s)
-        self.progress = ProgressClock(cfg.trace.tokens_per_s) if cfg.trace.tokens_per_s > 0 else None
+        # the run's progress, as the trace replay's clock (trace.tokens_per_s) or the chaos's (preempt_every_tokens)
+        self.progress = (ProgressClock(cfg.trace.tokens_per_s if cfg.trace.tokens_per_s > 0 else 1.0)
+                         if cfg.trace.tokens_per_s > 0 or cfg.preempt_every_tokens > 0 else None)
         self.provider = make_provider(cfg, self.fleet, seed, self.progress).start()
         self.run: StepRun | None = None
         self.last_pulls = PullStats()
