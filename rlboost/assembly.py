@@ -29,7 +29,7 @@ from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine.factory import engine_gpus, make_engine
-from rlboost.histospec import Drafter, HistoryStore
+from rlboost.histospec import HistoryStore, make_drafter
 from rlboost.models import load_model
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.rewards import RewardScorer
@@ -248,7 +248,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
     history = None
     if cfg.rollout.histospec.enabled:
         history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
-        engine.drafter = Drafter(history, cfg.rollout.histospec)
+        engine.drafter = make_drafter(history, cfg.rollout.histospec)
     return ColocatedRollout(engine, history, histopipe)
 
 
