@@ -50,7 +50,7 @@ def test_candidates_score_is_expected_accepted_tokens_and_threshold_cuts():
     # a higher threshold stops the draft where its estimated acceptance falls below it
     assert next(trie.candidates([1, 2], 2, 0.8, lambda k: 3)).tokens == []
     # max_len caps it
-    assert next(trie.candidates([1, 2], 2, 0.1, lambda k: 1)) == Candidate([3], 0.75, 2)
+    assert next(trie.candidates([1, 2], 2, 0.1, lambda k: 1)) == Candidate([3], 0.75, 2, 4)
 
 
 def test_a_path_past_the_depth_bound_reanchors_on_its_suffix():

@@ -10,7 +10,8 @@ SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
 The tries of `siblings` and `history` start with the prompt's tail, so a response's first tokens
 can be drafted too. Per proposal every source yields a candidate per matched suffix length (at
 least `min_order` tokens, at most `suffix_max_depth - 1`); the one with the highest expected number
-of accepted tokens wins (ties: the longer match, then the order of `sources`). A draft is at most
+of accepted tokens wins (ties: the one with more occurrences behind it, then the longer match,
+then the order of `sources`). A draft is at most
 ceil(`suffix_spec_factor` x match length) and `max_draft` tokens, and stops where its estimated
 acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`). Whether a step drafts at
 all is the engine's batch-aware budget. Lossless whatever it proposes: the engine verifies.
@@ -89,14 +90,14 @@ class SuffixDrafter:
         if req is None:
             return []
         tries = [self._update(source, req, context) for source in self.sources]
-        best: tuple[tuple[float, int, int], Candidate] | None = None
+        best: tuple[tuple[float, int, int, int], Candidate] | None = None
         cfg = self.config
         tail = list(context[-(cfg.suffix_max_depth - 1):])
         for rank, trie in enumerate(tries):
             if trie is None:
                 continue
             for cand in trie.candidates(tail, cfg.min_order, cfg.min_probability, self._max_len):
-                key = (cand.score, cand.match_len, -rank)
+                key = (cand.score, cand.support, cand.match_len, -rank)
                 if cand.tokens and (best is None or key > best[0]):
                     best = (key, cand)
         return list(best[1].tokens) if best is not None else []

@@ -15,7 +15,8 @@ Contract:
   draft's estimated acceptance (the product of the empirical probabilities along it) stays at least
   `min_probability`, at most `max_len(match_len)` tokens. A path that runs into the depth bound is
   re-anchored on the longest suffix that still fits. `score` is the draft's expected accepted tokens,
-  the sum of those products (SuffixDecoding's tree score, for one path). Pure and deterministic.
+  the sum of those products (SuffixDecoding's tree score, for one path); `support` how often the
+  matched suffix was followed by a token. Pure and deterministic.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ class Candidate:
     """Expected accepted tokens: the sum over the draft of the product of probabilities up to each."""
     match_len: int
     """How many trailing context tokens the draft was matched on."""
+    support: int
+    """How many times the matched tokens were followed by a token: the evidence behind the draft."""
 
 
 class SuffixTrie:
@@ -93,6 +96,7 @@ class SuffixTrie:
     def _follow(self, path: list[int], node: _Node, match_len: int, limit: int,
                 min_probability: float) -> Candidate:
         draft: list[int] = []
+        support = node.total
         prob, score = 1.0, 0.0
         while len(draft) < limit:
             if not node.total and len(path) >= self.max_depth:
@@ -110,4 +114,4 @@ class SuffixTrie:
             draft.append(token)
             path.append(token)
             node = child
-        return Candidate(draft, score, match_len)
+        return Candidate(draft, score, match_len, support)
