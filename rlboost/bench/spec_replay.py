@@ -33,8 +33,8 @@ def record_histories(cfg, path: Path) -> None:
         loaded = load_model(ModelConfig(path=cfg.model))  # each temperature trains from the same weights
         rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
         prompts = chat_prompts(loaded.tokenizer, rows)
-        engine = LLMEngine(load_model(ModelConfig(path=cfg.model)).model,
-                           EngineConfig(device="cpu", max_num_seqs=8 * cfg.prompts), eos_token_ids=loaded.eos_token_ids)
+        engine = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, EngineConfig(device="cpu"),
+                           eos_token_ids=loaded.eos_token_ids)
         recorder = GroupRecorder(path, run=f"T={t:g}")
         for step, grpo in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=cfg.lr, steps=cfg.record_epochs,
                                                max_tokens=cfg.max_tokens, seed=cfg.seed, per_step=len(prompts),
