@@ -5,6 +5,7 @@ doubles that propose a known continuation, deliberately wrong tokens, or a mix, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -161,6 +162,20 @@ SAMPLING_MODES = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1
                   "top_k": dict(temperature=0.8, top_k=20), "top_p": dict(temperature=1.0, top_p=0.9)}
 
 
+@functools.cache
+def _plain_and_other_draws_of(mode: str, params: SamplingParams, prompts: tuple[tuple[int, ...], ...]):
+    """Plain decoding's responses (seeds 100 + i) and other draws (seeds 900 + i): the same for both
+    drafters, so made once per mode (deterministic)."""
+    prompts = [list(p) for p in prompts]
+    plain = generate(make_engine("qwen2"), prompts, params)
+    other = make_engine("qwen2").generate(prompts, [dataclasses.replace(params, seed=900 + i) for i in range(len(prompts))])
+    return plain, other
+
+
+def _plain_and_other_draws(mode, params, prompts):
+    return _plain_and_other_draws_of(mode, params, tuple(map(tuple, prompts)))
+
+
 @pytest.mark.parametrize("mode", SAMPLING_MODES)
 @pytest.mark.parametrize("drafter", ["ngram", "suffix"])
 def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
@@ -171,8 +186,7 @@ def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
 
     prompts = random_prompts([6, 9, 5], seed=5)
     params = SamplingParams(max_tokens=48, ignore_eos=True, **SAMPLING_MODES[mode])
-    plain = generate(make_engine("qwen2"), prompts, params)
-    other = make_engine("qwen2").generate(prompts, [dataclasses.replace(params, seed=900 + i) for i in range(3)])
+    plain, other = _plain_and_other_draws(mode, params, prompts)
     store = HistoryStore()
     for p, a, b in zip(prompts, plain, other):
         store.update(p, [a.token_ids[:24] + b.token_ids[24:]])
