@@ -29,7 +29,7 @@ from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
 from rlboost.data import PromptLoader, PromptRow, check_prompt_lengths, load_datasets
 from rlboost.engine.factory import engine_gpus, make_engine
-from rlboost.histospec import Drafter, HistoryStore
+from rlboost.histospec import HistoryStore, make_drafter
 from rlboost.models import load_model
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.rewards import RewardScorer
@@ -248,7 +248,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
     history = None
     if cfg.rollout.histospec.enabled:
         history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
-        engine.drafter = Drafter(history, cfg.rollout.histospec)
+        engine.drafter = make_drafter(history, cfg.rollout.histospec)
     return ColocatedRollout(engine, history, histopipe)
 
 
@@ -307,6 +307,10 @@ def validate(cfg: RLBoostConfig) -> None:
         cfg.engine.check_histospec(cfg.rollout.histospec.enabled)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+    if cfg.rollout.histospec.enabled and cfg.rollout.histospec.drafter != "ngram" and cfg.rollout.mode == "hybrid":
+        # the hybrid workers build today's n-gram drafter whatever the config says: refuse rather than ignore it
+        raise ConfigError(f"rollout.histospec.drafter={cfg.rollout.histospec.drafter} needs rollout.mode=colocated: "
+                          "the hybrid workers draft with ngram only")
     if cfg.trainer.tis_cap and optimizer_steps_per_step(cfg) > 1:
         raise ConfigError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
                           f"{cfg.trainer.mini_batch_groups} splits data.train_batch_size={cfg.data.train_batch_size} "

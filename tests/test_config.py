@@ -83,6 +83,8 @@ def test_shipped_configs_are_valid_and_complete():
     ("rollout.mode=spot", "rollout.mode='spot'; choose one of colocated, hybrid"),
     ("rollout.histopipe.overrun_factor=0.5", "rollout.histopipe.overrun_factor must be a finite number >= 1"),
     ("rollout.histospec.min_order=9", "rollout.histospec.max_order must be >= min_order"),
+    ("rollout.histospec.drafter=tree", "rollout.histospec.drafter must be one of ngram, suffix, got 'tree'"),
+    ("rollout.histospec.suffix_spec_factor=0", "rollout.histospec.suffix_spec_factor must be > 0"),
 ])
 def test_hybrid_settings_are_checked(override, message):
     cfg = load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", override])
@@ -140,6 +142,15 @@ def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
     with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "
                                           "verify HistoSpec's drafts"):
         validate(cfg)
+
+
+def test_the_suffix_drafter_is_refused_where_the_workers_would_ignore_it():
+    from rlboost.assembly import validate
+
+    on = ["rollout.histospec.enabled=true", "rollout.histospec.drafter=suffix"]
+    with pytest.raises(ConfigError, match="rollout.histospec.drafter=suffix needs rollout.mode=colocated"):
+        validate(load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", *on]))
+    validate(load_config(RLBoostConfig, overrides=["rollout.mode=colocated", *on]))
 
 
 # --- nan and inf --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ doubles that propose a known continuation, deliberately wrong tokens, or a mix, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -157,22 +158,48 @@ def test_sampled_output_is_distributed_as_without_speculation(monkeypatch, rule)
         assert chi2 > 10 * critical
 
 
-def test_histospec_drafter_end_to_end_on_a_repeated_greedy_rollout():
-    """The real drafter on the real engine: with the previous rollout's greedy responses as history,
-    the same greedy rollout again is drafted almost entirely from it and comes out unchanged."""
-    from rlboost.histospec import Drafter, HistoryStore
+SAMPLING_MODES = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0),
+                  "top_k": dict(temperature=0.8, top_k=20), "top_p": dict(temperature=1.0, top_p=0.9)}
+
+
+@functools.cache
+def _plain_and_other_draws_of(mode: str, params: SamplingParams, prompts: tuple[tuple[int, ...], ...]):
+    """Plain decoding's responses (seeds 100 + i) and other draws (seeds 900 + i): the same for both
+    drafters, so made once per mode (deterministic)."""
+    prompts = [list(p) for p in prompts]
+    plain = generate(make_engine("qwen2"), prompts, params)
+    other = make_engine("qwen2").generate(prompts, [dataclasses.replace(params, seed=900 + i) for i in range(len(prompts))])
+    return plain, other
+
+
+def _plain_and_other_draws(mode, params, prompts):
+    return _plain_and_other_draws_of(mode, params, tuple(map(tuple, prompts)))
+
+
+@pytest.mark.parametrize("mode", SAMPLING_MODES)
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
+    """The real drafters on the real engine, in every sampling mode. The history is each response's
+    first half (same seeds as now) followed by other draws: the first half is drafted almost entirely
+    from it, the drafts past it are wrong (sampled modes), and the output is what plain decoding gives."""
+    from rlboost.histospec import DraftConfig, HistoryStore, make_drafter
 
     prompts = random_prompts([6, 9, 5], seed=5)
-    params = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
-    plain = make_engine("qwen2").generate(prompts, params)
+    params = SamplingParams(max_tokens=48, ignore_eos=True, **SAMPLING_MODES[mode])
+    plain, other = _plain_and_other_draws(mode, params, prompts)
     store = HistoryStore()
-    for p, c in zip(prompts, plain):
-        store.update(p, [c.token_ids])
+    for p, a, b in zip(prompts, plain, other):
+        store.update(p, [a.token_ids[:24] + b.token_ids[24:]])
     engine = make_engine("qwen2", spec_max_batch=8)
-    engine.drafter = Drafter(store)
+    engine.drafter = make_drafter(store, DraftConfig(drafter=drafter))
     engine.spec_budget.speculate = lambda batch: True  # measure the drafter, not the budget's timing choices
-    again = engine.generate(prompts, params)
+    again = generate(engine, prompts, params)
     assert [c.token_ids for c in again] == [c.token_ids for c in plain]
+    for a, b in zip(plain, again):
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4  # the target model's log-probs
     stats = engine.spec_stats
-    assert stats.accepted / stats.drafted > 0.9, stats
-    assert stats.decode_steps < 0.4 * (60 - 1)  # several tokens per forward pass instead of one
+    assert stats.accepted >= 0.8 * 3 * (24 - 1), stats  # the shared first halves, but their first tokens
+    if mode == "greedy":  # the history is the whole greedy response
+        assert stats.accepted / stats.drafted > 0.9 and stats.decode_steps < 0.4 * (48 - 1), stats
+    else:
+        assert stats.accepted < stats.drafted, stats  # drafts past the first half were rejected

@@ -23,7 +23,7 @@ from rlboost.configs import SHOWCASE
 from rlboost.engine import SamplingParams
 from rlboost.rewards.config import RewardConfig
 from rlboost.rewards.loading import load_reward_fn
-from rlboost.rollout import new_groups, run_colocated
+from rlboost.rollout import Group, new_groups, run_colocated
 from rlboost.trainer import Trainer, TrainerConfig
 from rlboost.trainer.schedule import optimizer_steps
 
@@ -38,15 +38,19 @@ class GrpoStep:
     """Share of the step's groups whose rewards differ (the others have no advantage)."""
     grad_norm: float
     """The trainer's `actor/grad_norm` (before clipping; the last optimizer step's)."""
+    groups: list[Group]
+    """The step's groups, scored (what `rlboost.histospec.recording` records)."""
 
 
 def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_tokens: int,
-               seed: int, per_step: int | None = None) -> Iterator[GrpoStep]:
-    """`steps` RL steps of `per_step` prompts (default: the showcase's batch) from `rows`/`prompts`."""
+               seed: int, per_step: int | None = None, temperature: float | None = None) -> Iterator[GrpoStep]:
+    """`steps` RL steps of `per_step` prompts (default: the showcase's batch) from `rows`/`prompts`, sampled
+    at `temperature` (default: the showcase's)."""
     showcase = OmegaConf.load(SHOWCASE)
     train_cfg = _section(TrainerConfig, showcase.trainer, lr=lr, device="cpu")
     reward_fn = load_reward_fn(_section(RewardConfig, showcase.reward))
-    n, temperature = showcase.rollout.n, showcase.rollout.temperature
+    n = showcase.rollout.n
+    temperature = showcase.rollout.temperature if temperature is None else temperature
     per_step = per_step or showcase.data.train_batch_size
     trainer = Trainer(loaded.model, train_cfg, temperature=temperature, max_response_length=max_tokens,
                       total_optimizer_steps=steps * optimizer_steps(per_step, train_cfg.mini_batch_groups),
@@ -66,7 +70,13 @@ def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_toke
         rewards = [s.reward for g in groups for s in g.samples]
         yield GrpoStep(trainer.weights(), sum(rewards) / len(rewards),
                        sum(len({s.reward for s in g.samples}) > 1 for g in groups) / len(groups),
-                       float(metrics["actor/grad_norm"]))
+                       float(metrics["actor/grad_norm"]), groups)
+
+
+def chat_prompts(tokenizer, rows) -> list[list[int]]:
+    """Each row's prompt through the tokenizer's chat template, ready to generate from."""
+    return [list(tokenizer.apply_chat_template(r.prompt, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"]) for r in rows]
 
 
 def _section(schema, values, **overrides):

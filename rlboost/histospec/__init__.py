@@ -1,6 +1,8 @@
 """HistoSpec: speculative drafts from the history of each prompt's previous rollout (DESIGN.md 2.8)."""
 
 from rlboost.histospec.drafter import DraftConfig, Drafter, SuffixIndex
+from rlboost.histospec.factory import make_drafter
 from rlboost.histospec.history import HistoryStore, prompt_key
+from rlboost.histospec.suffix_drafter import SuffixDrafter
 
-__all__ = ["DraftConfig", "Drafter", "HistoryStore", "SuffixIndex", "prompt_key"]
+__all__ = ["DraftConfig", "Drafter", "HistoryStore", "SuffixDrafter", "SuffixIndex", "make_drafter", "prompt_key"]

@@ -23,22 +23,48 @@ from dataclasses import dataclass
 from rlboost.histospec.history import HistoryStore, prompt_key
 
 
+DRAFTERS = ("ngram", "suffix")
+
+
 @dataclass
 class DraftConfig:
+    drafter: str = "ngram"
+    """Which drafter: `ngram` (this module: n-grams of the prompt's previous responses, a draft length
+    adapted per request) or `suffix` (`rlboost.histospec.suffix_drafter`: suffix trees over the
+    request's own context, its siblings' outputs and the previous responses, the likeliest path of
+    the three, its length set by the match length)."""
     max_order: int = 7
-    """Longest suffix of a running response matched in the history."""
+    """ngram: longest suffix of a running response matched in the history."""
     min_order: int = 3
-    """Shortest suffix matched (the back-off floor): shorter matches are too ambiguous to pay for a draft."""
+    """Shortest suffix matched (the back-off floor), both drafters: shorter matches are too ambiguous
+    to pay for a draft."""
     min_probability: float = 0.1
-    """Drafting follows the most frequent continuation while its empirical probability stays at least this."""
+    """ngram: drafting follows the most frequent continuation while its empirical probability stays at
+    least this. suffix: while the product of those probabilities along the draft (its estimated
+    acceptance) does."""
     min_draft: int = 1
-    """Shortest draft a request shrinks to after rejections."""
+    """ngram: shortest draft a request shrinks to after rejections."""
     max_draft: int = 8
-    """Longest draft a request grows to while its drafts are fully accepted."""
+    """Longest draft, both drafters (ngram: the length a request grows to while its drafts are fully
+    accepted)."""
     initial_draft: int = 4
-    """Draft length of a new request."""
+    """ngram: draft length of a new request."""
+    suffix_max_depth: int = 24
+    """suffix: depth of the suffix trees, so matches are at most this minus one tokens long; memory and
+    time per indexed token grow with it."""
+    suffix_spec_factor: float = 1.0
+    """suffix: a match of k tokens drafts at most ceil(suffix_spec_factor * k) tokens (SuffixDecoding's
+    max_spec_factor): longer matches are more reliable."""
 
     def validate(self) -> None:
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        if self.suffix_max_depth < 2:
+            raise ValueError("suffix_max_depth must be >= 2")
+        if not 0 < self.suffix_spec_factor < float("inf"):
+            raise ValueError("suffix_spec_factor must be > 0")
+        if self.drafter == "suffix" and self.min_order >= self.suffix_max_depth:
+            raise ValueError("min_order must be < suffix_max_depth (the longest match of the suffix drafter)")
         if self.min_order < 1:
             raise ValueError("min_order must be >= 1")
         if self.max_order < self.min_order:

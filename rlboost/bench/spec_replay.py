@@ -1,0 +1,63 @@
+"""`rlboost bench spec --record FILE` and `--replay FILE`: HistoSpec's drafters on recorded RL histories.
+
+`--record FILE`: for each of `temperatures`, from the model's own weights, `record_epochs` real GRPO
+steps (`rlboost.bench.grpo`: the showcase's reward, n and trainer settings, rlboost's engine on the
+CPU, no drafter) over the `prompts` arithmetic prompts, every step rolling out each prompt once (one
+epoch per step), each step's groups appended to FILE (`rlboost.histospec.recording`, run `T=<t>`);
+then FILE is replayed. `--replay FILE`: only the replay (`rlboost.histospec.replay`), no model and no
+timing: per run, epoch and drafter (`ngram`, the suffix drafter per source, `suffix`), accepted
+tokens per verify step and the share of decode steps saved, acceptance being exact match with the
+recorded tokens (what rlboost's coupled verifier accepts).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from rich.table import Table
+
+from rlboost.bench.grpo import chat_prompts, grpo_steps
+from rlboost.data import DatasetError, arithmetic_rows
+from rlboost.engine import EngineConfig, LLMEngine
+from rlboost.histospec.recording import GroupRecorder, read_recording
+from rlboost.histospec.replay import replay
+from rlboost.models import ModelConfig, load_model
+
+
+def record_histories(cfg, path: Path) -> None:
+    """Record `cfg.record_epochs` GRPO steps per temperature to `path` (which must not exist)."""
+    if path.exists():
+        raise DatasetError(f"--record {path}: the file exists; a recording is written whole (choose another path)")
+    for t in cfg.temperatures:
+        loaded = load_model(ModelConfig(path=cfg.model))  # each temperature trains from the same weights
+        rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
+        prompts = chat_prompts(loaded.tokenizer, rows)
+        engine = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, EngineConfig(device="cpu"),
+                           eos_token_ids=loaded.eos_token_ids)
+        recorder = GroupRecorder(path, run=f"T={t:g}")
+        for step, grpo in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=cfg.lr, steps=cfg.record_epochs,
+                                               max_tokens=cfg.max_tokens, seed=cfg.seed, per_step=len(prompts),
+                                               temperature=t), 1):
+            recorder.record(step, [(g.samples[0].prompt_ids, [s.response_ids for s in g.samples]) for g in grpo.groups])
+
+
+def replay_result(cfg, path: Path) -> dict:
+    try:
+        groups = read_recording(path)
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"--replay: {e}") from None
+    return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
+                                                   "record_epochs": cfg.record_epochs} if cfg.record else {}),
+            "machine": {"cpus": os.cpu_count()}, "replay": replay(groups)}
+
+
+def render_replay(result: dict) -> Table:
+    table = Table(title=f"HistoSpec drafters replayed on {result['config']['recording']} (exact-match acceptance)")
+    for column in ("run", "epoch", "drafter", "responses", "tokens", "accepted/verify", "acceptance",
+                   "steps saved"):
+        table.add_column(column, justify="right")
+    for r in result["replay"]:
+        table.add_row(r["run"], str(r["epoch"]), r["drafter"], str(r["responses"]), str(r["tokens"]),
+                      f"{r['accepted_per_verify']:.2f}", f"{r['acceptance_rate']:.0%}", f"{r['steps_saved']:.0%}")
+    return table

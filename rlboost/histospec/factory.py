@@ -1,0 +1,13 @@
+"""The drafter `rollout.histospec.drafter` names, over a history store."""
+
+from __future__ import annotations
+
+from rlboost.histospec.drafter import DraftConfig, Drafter
+from rlboost.histospec.history import HistoryStore
+from rlboost.histospec.suffix_drafter import SuffixDrafter
+
+
+def make_drafter(store: HistoryStore, config: DraftConfig | None = None) -> Drafter | SuffixDrafter:
+    config = config or DraftConfig()
+    config.validate()
+    return SuffixDrafter(store, config) if config.drafter == "suffix" else Drafter(store, config)

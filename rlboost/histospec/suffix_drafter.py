@@ -1,0 +1,166 @@
+"""Suffix-tree drafts from three sources (`rollout.histospec.drafter=suffix`, DESIGN.md 2.8).
+
+SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
+- `own`: a trie over the request's prompt and output so far;
+- `siblings`: a trie per prompt over the outputs of the requests on this engine that share the prompt
+  and started since the last `invalidate()` (a GRPO group on one engine: the store changes between
+  steps), finished ones included until the last of them finishes; each output is taken from the
+  context its request last proposed with, so a sibling further along drafts for one behind it;
+- `history`: a trie per prompt over its responses in the `HistoryStore` (the previous rollout).
+The tries of `siblings` and `history` start with the prompt's tail, so a response's first tokens
+can be drafted too. Per proposal every source yields a candidate per matched suffix length (at
+least `min_order` tokens, at most `suffix_max_depth - 1`); the one with the highest expected number
+of accepted tokens wins (ties: the one with more occurrences behind it, then the longer match,
+then the order of `sources`). A draft is at most
+ceil(`suffix_spec_factor` x match length) and `max_draft` tokens, and stops where its estimated
+acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`). Whether a step drafts at
+all is the engine's batch-aware budget. Lossless whatever it proposes: the engine verifies.
+Pure: no clock, no threads; deterministic for the same calls.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from rlboost.histospec.drafter import DraftConfig
+from rlboost.histospec.history import HistoryStore, prompt_key
+from rlboost.histospec.suffix_tree import Candidate, SuffixTrie
+
+SOURCES = ("own", "siblings", "history")
+
+
+@dataclass
+class _Group:
+    key: tuple[tuple[int, ...], int]
+    """(prompt, the generation its requests started in)."""
+    trie: SuffixTrie
+    after_prompt: list
+    """The trie's state after the prompt's tail: where each member's output starts."""
+    members: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _Request:
+    prompt: tuple[int, ...]
+    group: _Group
+    generation: int
+    history: SuffixTrie | None = None
+    own: SuffixTrie | None = None
+    own_state: list = field(default_factory=list)
+    own_indexed: int = 0
+    """Context tokens in the own trie."""
+    group_state: list = field(default_factory=list)
+    group_indexed: int = 0
+    """Output tokens of this request in its group's trie."""
+
+
+class SuffixDrafter:
+    """The drafter hook (`rlboost.engine.protocol.Drafter`) drafting from the best of `sources`."""
+
+    def __init__(self, store: HistoryStore, config: DraftConfig | None = None, sources: Sequence[str] = SOURCES):
+        self.store = store
+        self.config = config or DraftConfig()
+        self.config.validate()
+        unknown = sorted(set(sources) - set(SOURCES))
+        if unknown or not sources:
+            raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {list(sources)}")
+        self.sources = tuple(s for s in SOURCES if s in sources)
+        self._histories: dict[str, tuple[tuple[int, ...], SuffixTrie | None]] = {}
+        self._groups: dict[tuple[tuple[int, ...], int], _Group] = {}
+        self._generation = 0
+        self._requests: dict[str, _Request] = {}
+
+    # ---- the hook -----------------------------------------------------------------------------
+
+    def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
+        self.finish(request_id)  # a reused id starts afresh
+        prompt = tuple(prompt_ids)
+        key = (prompt, self._generation)
+        group = self._groups.get(key)
+        if group is None:
+            trie = SuffixTrie(self.config.suffix_max_depth)
+            group = self._groups[key] = _Group(key, trie, trie.extend(self._tail(prompt), trie.start()))
+        group.members.add(request_id)
+        self._requests[request_id] = _Request(prompt, group, self._generation - 1, group_state=list(group.after_prompt))
+
+    def propose(self, request_id: str, context: Sequence[int]) -> list[int]:
+        req = self._requests.get(request_id)
+        if req is None:
+            return []
+        tries = [self._update(source, req, context) for source in self.sources]
+        best: tuple[tuple[float, int, int, int], Candidate] | None = None
+        cfg = self.config
+        tail = list(context[-(cfg.suffix_max_depth - 1):])
+        for rank, trie in enumerate(tries):
+            if trie is None:
+                continue
+            for cand in trie.candidates(tail, cfg.min_order, cfg.min_probability, self._max_len):
+                key = (cand.score, cand.support, cand.match_len, -rank)
+                if cand.tokens and (best is None or key > best[0]):
+                    best = (key, cand)
+        return list(best[1].tokens) if best is not None else []
+
+    def feedback(self, request_id: str, drafted: int, accepted: int) -> None:
+        # the tries' counts already estimate acceptance; nothing to adapt per request
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+
+    def finish(self, request_id: str) -> None:
+        req = self._requests.pop(request_id, None)
+        if req is None:
+            return
+        req.group.members.discard(request_id)
+        if not req.group.members:
+            self._groups.pop(req.group.key, None)
+
+    def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
+        """The store changed (a step ended): rebuild the history tries of `prompts` (None: all) when
+        next used; requests started from now on form new sibling groups."""
+        if prompts is None:
+            self._histories.clear()
+        else:
+            for prompt in prompts:
+                self._histories.pop(prompt_key(prompt), None)
+        self._generation += 1
+
+    # ---- the sources --------------------------------------------------------------------------
+
+    def _max_len(self, match_len: int) -> int:
+        return min(self.config.max_draft, math.ceil(self.config.suffix_spec_factor * match_len))
+
+    def _tail(self, prompt: Sequence[int]) -> list[int]:
+        return list(prompt[-(self.config.suffix_max_depth - 1):])
+
+    def _update(self, source: str, req: _Request, context: Sequence[int]) -> SuffixTrie | None:
+        """The source's trie for `req`, brought up to date with `context`."""
+        if source == "own":
+            if req.own is None:
+                req.own = SuffixTrie(self.config.suffix_max_depth)
+            req.own_state = req.own.extend(context[req.own_indexed:], req.own_state)
+            req.own_indexed = len(context)
+            return req.own
+        if source == "siblings":
+            output = context[len(req.prompt):]
+            req.group_state = req.group.trie.extend(output[req.group_indexed:], req.group_state)
+            req.group_indexed = len(output)
+            return req.group.trie
+        if req.generation != self._generation:
+            req.history, req.generation = self._history_for(req.prompt), self._generation
+        return req.history
+
+    def _history_for(self, prompt: tuple[int, ...]) -> SuffixTrie | None:
+        key = prompt_key(prompt)
+        cached = self._histories.get(key)
+        if cached is not None and cached[0] == prompt:  # the ids guard against a key collision
+            return cached[1]
+        responses = self.store.responses(prompt)
+        trie = None
+        if responses:
+            trie = SuffixTrie(self.config.suffix_max_depth)
+            after_prompt = trie.extend(self._tail(prompt), trie.start())
+            for response in responses:
+                trie.extend(response, list(after_prompt))
+        self._histories[key] = (prompt, trie)
+        return trie

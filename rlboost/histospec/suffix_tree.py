@@ -1,0 +1,117 @@
+"""A depth-bounded suffix trie over token sequences, scored as in SuffixDecoding (arXiv 2411.04975).
+
+Contract:
+- Every substring of at most `max_depth` tokens of the indexed sequences is a path from the root;
+  a node's `count` is how many times its substring occurs, `total` how many of those occurrences
+  are followed by a token (the sum of its children's counts). A token's empirical probability after
+  a substring is child.count / node.total: occurrences at a sequence's end (a growing request's own
+  open suffix) predict nothing, so they do not dilute it.
+- `extend(tokens, state)` appends tokens to one sequence: `state` (from `start()` or an earlier
+  `extend`) is that sequence's open suffixes, so sequences grow incrementally in O(max_depth) per
+  token, and several sequences may continue one shared prefix (a prompt's tail, then each response).
+- `candidates(context, min_match, ...)` yields, for every suffix of `context` of min_match..max_depth
+  tokens that occurs (all lengths up to the longest that does: a substring of an occurring one
+  occurs too), the greedy draft from it: the most frequent next token (ties: smallest id) while the
+  draft's estimated acceptance (the product of the empirical probabilities along it) stays at least
+  `min_probability`, at most `max_len(match_len)` tokens. A path that runs into the depth bound is
+  re-anchored on the longest suffix that still fits. `score` is the draft's expected accepted tokens,
+  the sum of those products (SuffixDecoding's tree score, for one path); `support` how often the
+  matched suffix was followed by a token. Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+
+class _Node:
+    __slots__ = ("count", "total", "children")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.total = 0
+        self.children: dict[int, _Node] = {}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tokens: list[int]
+    """The drafted tokens."""
+    score: float
+    """Expected accepted tokens: the sum over the draft of the product of probabilities up to each."""
+    match_len: int
+    """How many trailing context tokens the draft was matched on."""
+    support: int
+    """How many times the matched tokens were followed by a token: the evidence behind the draft."""
+
+
+class SuffixTrie:
+    def __init__(self, max_depth: int):
+        if max_depth < 2:
+            raise ValueError(f"max_depth must be >= 2, got {max_depth}")
+        self.max_depth = max_depth
+        self.root = _Node()
+        self.num_nodes = 1
+
+    def start(self) -> list[_Node]:
+        """The state of a new, empty sequence."""
+        return []
+
+    def extend(self, tokens: Sequence[int], state: list[_Node]) -> list[_Node]:
+        """Append `tokens` to the sequence whose open suffixes are `state`; returns its new state."""
+        for token in tokens:
+            nxt = []
+            # each open suffix (and the empty one, the root) grows by `token`; one at the depth bound closes
+            for node in [self.root] + state:
+                child = node.children.get(token)
+                if child is None:
+                    child = node.children[token] = _Node()
+                    self.num_nodes += 1
+                child.count += 1
+                node.total += 1
+                nxt.append(child)
+            state = nxt[:self.max_depth - 1]  # nxt[i] has depth i + 1
+        return state
+
+    def _node(self, tokens: Sequence[int]) -> _Node | None:
+        node = self.root
+        for token in tokens:
+            node = node.children.get(token)
+            if node is None:
+                return None
+        return node
+
+    def candidates(self, context: Sequence[int], min_match: int, min_probability: float,
+                   max_len: Callable[[int], int]) -> Iterator[Candidate]:
+        longest = min(len(context), self.max_depth - 1)
+        for k in range(min_match, longest + 1):
+            node = self._node(context[len(context) - k:])
+            if node is None:
+                return  # no longer suffix occurs either
+            limit = max_len(k)
+            if limit > 0 and node.total:
+                yield self._follow(list(context[len(context) - k:]), node, k, limit, min_probability)
+
+    def _follow(self, path: list[int], node: _Node, match_len: int, limit: int,
+                min_probability: float) -> Candidate:
+        draft: list[int] = []
+        support = node.total
+        prob, score = 1.0, 0.0
+        while len(draft) < limit:
+            if not node.total and len(path) >= self.max_depth:
+                # the depth bound, not the data, ended the path: continue from its longest suffix that fits
+                found = self._node(path[len(path) - self.max_depth + 1:])
+                node = found if found is not None else node
+            if not node.total:
+                break
+            token, child = min(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
+            p = prob * child.count / node.total
+            if p < min_probability:
+                break
+            prob = p
+            score += p
+            draft.append(token)
+            path.append(token)
+            node = child
+        return Candidate(draft, score, match_len, support)

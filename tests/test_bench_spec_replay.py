@@ -1,0 +1,45 @@
+"""`rlboost bench spec --record / --replay` on a tiny model: real GRPO steps recorded as histories, each
+step one epoch of the prompts, then replayed with every drafter; a bad recording is one error line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
+from rlboost.cli import main
+from rlboost.data import DatasetError
+from rlboost.histospec.recording import read_recording
+from rlboost.histospec.replay import VARIANTS
+
+
+def test_record_then_replay_a_tiny_model(tmp_path, capsys):
+    path = tmp_path / "histories.jsonl"
+    cfg = SpecBenchConfig(model="tiny:qwen2", prompts=2, max_tokens=6, temperatures=[1.0, 0.6], record_epochs=2,
+                          record=str(path))
+    result = bench_spec(cfg)
+    groups = read_recording(path)
+    # per temperature: 2 steps x 2 prompts, the showcase's 8 samples each, every prompt in every step
+    assert [(g.run, g.step) for g in groups] == [(run, s) for run in ("T=1", "T=0.6") for s in (1, 1, 2, 2)]
+    assert all(len(g.responses) == 8 and all(1 <= len(r) <= 6 for r in g.responses) for g in groups)
+    assert groups[0].prompt == groups[2].prompt != groups[1].prompt
+    rows = result["replay"]
+    assert [(r["run"], r["epoch"], r["drafter"]) for r in rows] == [
+        (run, e, d) for run in ("T=1", "T=0.6") for e in (0, 1) for d in VARIANTS]
+    for r in rows:  # every recorded token is replayed, one decode step at most per token
+        assert r["tokens"] == sum(len(x) for g in groups if g.run == r["run"] and g.step == r["epoch"] + 1
+                                  for x in g.responses)
+        assert r["steps"] <= r["plain_steps"] and r["accepted"] <= r["drafted"]
+    assert render(result).row_count == len(rows)
+    with pytest.raises(DatasetError, match="the file exists"):
+        bench_spec(cfg)
+    # the replay alone, from the command line
+    assert main(["bench", "spec", "--replay", str(path), "--json", str(tmp_path / "out.json")]) == 0
+    assert "accepted/verify" in capsys.readouterr().out
+
+
+def test_a_bad_recording_is_one_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"step": 1, "prompt": [1], "responses": [[2, 3]]}\n{"step": "x"}\n')
+    assert main(["bench", "spec", "--replay", str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert "bad.jsonl:2: `step` must be an int >= 0" in out and "Traceback" not in out

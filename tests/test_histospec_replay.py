@@ -1,0 +1,88 @@
+"""The replay harness and its recordings (`rlboost.histospec.replay`, `.recording`): counts checked by
+hand on small synthetic histories. Pure and deterministic."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlboost.histospec import DraftConfig
+from rlboost.histospec.recording import GroupRecorder, RecordedGroup, read_recording
+from rlboost.histospec.replay import VARIANTS, replay
+
+PROMPT = (90, 91, 92)
+RESPONSE = (10, 11, 12, 13, 14, 15, 16, 17)
+
+
+def rows_by(rows, **where):
+    return {(r["epoch"], r["drafter"]): r for r in rows if all(r[k] == v for k, v in where.items())}
+
+
+def test_the_next_epoch_is_drafted_from_the_previous_one():
+    rows = rows_by(replay([RecordedGroup("", 0, PROMPT, (RESPONSE,)), RecordedGroup("", 1, PROMPT, (RESPONSE,))]))
+    for name in VARIANTS:  # epoch 0: no history, and the response never repeats itself
+        assert rows[0, name]["steps"] == rows[0, name]["plain_steps"] == 7 and rows[0, name]["drafted"] == 0
+    # ngram: first token from the prefill; a draft of 4 (all accepted) + its bonus token; then 1 of the
+    # 2 tokens left (the other is the verify step's own) -> 2 steps instead of 7
+    assert {k: rows[1, "ngram"][k] for k in ("steps", "verifications", "drafted", "accepted")} == dict(
+        steps=2, verifications=2, drafted=5, accepted=5)
+    assert rows[1, "ngram"]["accepted_per_verify"] == 2.5 and rows[1, "ngram"]["steps_saved"] == pytest.approx(5 / 7)
+    # suffix from the history: a 4-token match (the prompt's 3 + 1) drafts 4, then the last token but one
+    for name in ("suffix:history", "suffix"):
+        assert (rows[1, name]["steps"], rows[1, name]["drafted"], rows[1, name]["accepted"]) == (2, 5, 5)
+    for name in ("suffix:own", "suffix:siblings"):
+        assert rows[1, name]["drafted"] == 0
+
+
+def test_a_sibling_drafts_what_another_already_wrote_at_another_offset():
+    a = (40, 41, 42, 43, 44, 45)
+    b = (60, 61, 62, 63, 40, 41, 42, 43, 44, 45)
+    rows = rows_by(replay([RecordedGroup("", 0, PROMPT, (a, b))], ["suffix:siblings", "suffix:own"],
+                          DraftConfig(min_order=2)))
+    # lockstep rounds: a is done after 5 steps; b reaches (40, 41) in round 6, a match of 2 tokens
+    # drafts a's next 2 (42, 43), both accepted with the bonus 44, and 45 is its last step
+    row = rows[0, "suffix:siblings"]
+    assert (row["plain_steps"], row["steps"], row["verifications"], row["drafted"], row["accepted"]) == (14, 12, 1, 2, 2)
+    assert row["steps_saved"] == pytest.approx(1 / 7) and row["accepted_per_verify"] == 2.0
+    assert rows[0, "suffix:own"]["drafted"] == 0  # neither response repeats itself
+
+
+def test_own_context_drafts_a_repetition():
+    response = (5, 6, 7, 8, 5, 6, 7, 8, 9)
+    row = rows_by(replay([RecordedGroup("", 0, PROMPT, (response,))], ["suffix:own"], DraftConfig(min_order=1)))[0, "suffix:own"]
+    # steps at 1..4 find nothing earlier; at 5 (..., 8, 5) only (5,) recurs: 1 token (6), accepted with
+    # the bonus 7; at 7 (5, 6, 7) recurs: 3 tokens (8, 5, 6) cut to the 1 the response has before its last
+    assert (row["steps"], row["plain_steps"], row["verifications"], row["drafted"], row["accepted"]) == (6, 8, 2, 2, 2)
+
+
+def test_epochs_count_a_prompts_appearances_and_runs_are_separate():
+    other = (80, 81)
+    groups = [RecordedGroup("T=1", 5, PROMPT, (RESPONSE,)), RecordedGroup("T=1", 2, PROMPT, (RESPONSE,)),
+              RecordedGroup("T=1", 5, other, ((1, 2, 3),)), RecordedGroup("T=0.6", 9, PROMPT, (RESPONSE,))]
+    rows = replay(groups, ["ngram"])
+    assert [(r["run"], r["epoch"], r["responses"]) for r in rows] == [("T=1", 0, 2), ("T=1", 1, 1), ("T=0.6", 0, 1)]
+    assert rows[1]["accepted"] == 5 and rows[2]["drafted"] == 0  # step 2 wrote the history of step 5
+
+
+def test_recording_round_trip_and_bad_lines_are_named(tmp_path):
+    path = tmp_path / "histories.jsonl"
+    recorder = GroupRecorder(path, run="T=0.6")
+    recorder.record(1, [([1, 2], [[3, 4], [5]]), ([7], [[]])])
+    recorder.record(2, [([1, 2], [[3]])])
+    assert read_recording(path) == [RecordedGroup("T=0.6", 1, (1, 2), ((3, 4), (5,))),
+                                    RecordedGroup("T=0.6", 1, (7,), ((),)),
+                                    RecordedGroup("T=0.6", 2, (1, 2), ((3,),))]
+    assert json.loads(path.read_text().splitlines()[0]) == {"run": "T=0.6", "step": 1, "prompt": [1, 2],
+                                                             "responses": [[3, 4], [5]]}
+    for line, message in [("{", "not JSON"), ('{"step": 1, "prompt": [1], "responses": [], "x": 1}', "unknown keys"),
+                          ('{"step": -1, "prompt": [1], "responses": []}', "`step`"),
+                          ('{"step": 0, "prompt": [], "responses": []}', "`prompt` is empty"),
+                          ('{"step": 0, "prompt": [1], "responses": [[1, "a"]]}', r"`responses\[0\]` must be a list")]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(path.read_text() + line + "\n")
+        with pytest.raises(ValueError, match=rf"bad.jsonl:4: {message}"):
+            read_recording(bad)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="no groups"):
+        read_recording(tmp_path / "empty.jsonl")

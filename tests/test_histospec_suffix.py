@@ -1,0 +1,175 @@
+"""HistoSpec's suffix-tree drafter: the trie's counts and scores by hand, each of the three sources,
+the choice between them, and the hook's lifecycle (DESIGN.md 2.8). Pure and deterministic."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlboost.histospec import DraftConfig, Drafter, HistoryStore, SuffixDrafter, make_drafter
+from rlboost.histospec.suffix_tree import Candidate, SuffixTrie
+
+
+def test_trie_counts_occurrences_and_continuations():
+    trie = SuffixTrie(max_depth=4)
+    trie.extend([1, 2, 3, 1, 2, 4], trie.start())
+    one = trie.root.children[1]
+    assert (one.count, one.total) == (2, 2)
+    one_two = one.children[2]
+    assert {t: n.count for t, n in one_two.children.items()} == {3: 1, 4: 1}
+    four = trie.root.children[4]
+    assert (four.count, four.total) == (1, 0)  # the sequence's end: seen, followed by nothing
+    # depth is bounded: no path of 5 tokens
+    assert trie._node([1, 2, 3, 1]) is not None and trie._node([1, 2, 3, 1]).children == {}
+
+
+def test_incremental_extension_equals_one_pass_and_shares_a_prefix():
+    whole, parts = SuffixTrie(5), SuffixTrie(5)
+    whole.extend([7, 8, 9, 7, 8, 1], whole.start())
+    state = parts.extend([7, 8], parts.start())
+    state = parts.extend([9, 7], state)
+    parts.extend([8, 1], state)
+    assert whole.num_nodes == parts.num_nodes
+    assert list(whole.candidates([7, 8], 1, 0.01, lambda k: 4)) == list(parts.candidates([7, 8], 1, 0.01, lambda k: 4))
+    # two continuations of one prefix: the prefix is counted once, each continuation once
+    shared = SuffixTrie(4)
+    after = shared.extend([5, 6], shared.start())
+    shared.extend([1], list(after))
+    shared.extend([2], list(after))
+    assert shared.root.children[5].count == 1 and shared._node([5, 6]).total == 2
+
+
+def test_candidates_score_is_expected_accepted_tokens_and_threshold_cuts():
+    trie = SuffixTrie(8)
+    # after (1, 2): 3 three times, 4 once; after (1, 2, 3): always 5
+    trie.extend([1, 2, 3, 5, 0, 1, 2, 3, 5, 0, 1, 2, 3, 5, 0, 1, 2, 4], trie.start())
+    by_len = {c.match_len: c for c in trie.candidates([9, 1, 2], 2, 0.1, lambda k: 3)}
+    assert set(by_len) == {2}  # (9, 1, 2) never occurs; 1 token is below min_match
+    c = by_len[2]
+    assert c.tokens == [3, 5, 0]
+    assert c.score == pytest.approx(0.75 + 0.75 + 0.75)  # p(3)=3/4, then 5 and 0 are certain
+    # a higher threshold stops the draft where its estimated acceptance falls below it
+    assert next(trie.candidates([1, 2], 2, 0.8, lambda k: 3)).tokens == []
+    # max_len caps it
+    assert next(trie.candidates([1, 2], 2, 0.1, lambda k: 1)) == Candidate([3], 0.75, 2, 4)
+
+
+def test_a_path_past_the_depth_bound_reanchors_on_its_suffix():
+    trie = SuffixTrie(3)
+    trie.extend([1, 2, 3, 4, 5, 6], trie.start())
+    assert next(trie.candidates([1, 2], 2, 0.1, lambda k: 10)).tokens == [3, 4, 5, 6]
+
+
+PROMPT = [50, 51, 52]
+
+
+def _suffix(store=None, sources=("own", "siblings", "history"), **cfg):
+    cfg.setdefault("min_order", 1)
+    return SuffixDrafter(store or HistoryStore(), DraftConfig(drafter="suffix", **cfg), sources)
+
+
+def test_history_source_drafts_the_previous_responses_from_the_first_token():
+    store = HistoryStore()
+    store.update(PROMPT, [[10, 11, 12, 13], [10, 11, 12, 13], [10, 11, 20]])
+    drafter = _suffix(store, sources=["history"])
+    drafter.start("r", PROMPT)
+    # matched on the prompt's last 3 tokens: at most 3 tokens; 12 follows 11 every time, 13 two times in three
+    assert drafter.propose("r", PROMPT) == [10, 11, 12]
+    assert drafter.propose("r", PROMPT + [10, 11, 12]) == [13]
+    assert drafter.propose("r", PROMPT + [99]) == []  # 99 never occurs
+
+
+def test_own_source_drafts_what_the_request_already_wrote():
+    drafter = _suffix(sources=["own"])
+    drafter.start("r", PROMPT)
+    context = PROMPT + [7, 8, 9, 1, 7, 8]
+    assert drafter.propose("r", context) == [9, 1]  # (7, 8) matched: at most 2 tokens
+    assert drafter.propose("r", context + [9]) == [1, 7, 8]
+
+
+def test_siblings_source_drafts_from_a_sibling_further_along():
+    drafter = _suffix(sources=["siblings"])
+    for rid in "ab":
+        drafter.start(rid, PROMPT)
+    assert drafter.propose("a", PROMPT + [30, 31, 32, 33, 34]) == []  # nobody else has written anything
+    assert drafter.propose("b", PROMPT) == [30, 31, 32]  # a's progress, from b's first token on
+    assert drafter.propose("b", PROMPT + [30, 31, 32]) == [33, 34]
+    drafter.finish("a")  # a finished response still drafts for its running sibling
+    assert drafter.propose("b", PROMPT + [30, 31, 32]) == [33, 34]
+    drafter.finish("b")
+    drafter.start("c", PROMPT)  # the group is gone with its last request
+    assert drafter.propose("c", PROMPT) == []
+
+
+def test_invalidate_starts_new_sibling_groups_and_reloads_history():
+    store = HistoryStore()
+    store.update(PROMPT, [[1, 2, 3]])
+    drafter = _suffix(store, sources=["siblings", "history"])
+    drafter.start("old", PROMPT)
+    assert drafter.propose("old", PROMPT) == [1, 2, 3]
+    drafter.start("sibling", PROMPT)
+    drafter.propose("sibling", PROMPT + [40, 41, 42])
+    store.update(PROMPT, [[7, 8, 9]])
+    drafter.invalidate([PROMPT])
+    drafter.start("new", PROMPT)
+    # not the old step's sibling (which would win the tie: siblings come before history), nor the old history
+    assert drafter.propose("new", PROMPT) == [7, 8, 9]
+    assert drafter.propose("old", PROMPT) == [40, 41, 42]  # a running request keeps its group...
+    history_only = _suffix(store, sources=["history"])
+    history_only.start("old", PROMPT)
+    store.update(PROMPT, [[4, 5, 6]])
+    assert history_only.propose("old", PROMPT) == [4, 5, 6]  # ...and drafts from the history as it is now
+    store.update(PROMPT, [[7, 8, 9]])
+    assert history_only.propose("old", PROMPT) == [4, 5, 6]  # built once per generation
+    history_only.invalidate()
+    assert history_only.propose("old", PROMPT) == [7, 8, 9]
+
+
+def test_the_likeliest_source_wins():
+    store = HistoryStore()
+    store.update(PROMPT, [[5, 6, 1, 2], [5, 6, 3, 4], [5, 6, 3, 9]])  # after (5, 6): 3 two times in three
+    drafter = _suffix(store)
+    drafter.start("r", PROMPT)
+    drafter.start("s", PROMPT)
+    drafter.propose("s", PROMPT + [5, 6, 1, 2])  # the sibling went 5 6 1 2: certain, from one sample
+    assert drafter.propose("r", PROMPT + [5, 6]) == [1, 2]
+    # with the history alone, its likeliest path
+    alone = _suffix(store, sources=["history"])
+    alone.start("r", PROMPT)
+    # 3 at 2/3, then 4 at 1/3 (tied with 9: the smaller id): 2/3 + 1/3 = 1 token expected, fewer than
+    # the sibling's 2 certain ones, so the sibling won above
+    assert alone.propose("r", PROMPT + [5, 6]) == [3, 4]
+
+
+def test_draft_length_follows_the_match_length_and_max_draft():
+    store = HistoryStore()
+    response = list(range(100, 140))
+    store.update(PROMPT, [response])
+    drafter = _suffix(store, sources=["history"], max_draft=6, suffix_spec_factor=0.5)
+    drafter.start("r", PROMPT)
+    assert drafter.propose("r", PROMPT + response[:1]) == response[1:3]  # match 4 (prompt's 3 + 1) -> 2
+    assert drafter.propose("r", PROMPT + response[:20]) == response[20:26]  # long match: max_draft
+
+
+def test_hook_edges_unknown_requests_feedback_and_reused_ids():
+    drafter = _suffix()
+    assert drafter.propose("nobody", PROMPT) == []
+    drafter.finish("nobody")
+    drafter.start("r", PROMPT)
+    drafter.feedback("r", 3, 1)
+    with pytest.raises(ValueError, match="accepted"):
+        drafter.feedback("r", 1, 2)
+    drafter.propose("r", PROMPT + [1, 2, 1])
+    drafter.start("r", PROMPT)  # a reused id starts afresh
+    assert drafter.propose("r", PROMPT + [1]) == []
+
+
+def test_make_drafter_picks_by_config_and_config_is_checked():
+    assert type(make_drafter(HistoryStore())) is Drafter
+    assert type(make_drafter(HistoryStore(), DraftConfig(drafter="suffix"))) is SuffixDrafter
+    for bad, field in [(dict(drafter="tree"), "drafter"), (dict(suffix_max_depth=1), "suffix_max_depth"),
+                       (dict(suffix_spec_factor=0.0), "suffix_spec_factor"),
+                       (dict(drafter="suffix", min_order=24), "min_order")]:
+        with pytest.raises(ValueError, match=field):
+            DraftConfig(**bad).validate()
+    with pytest.raises(ValueError, match="sources"):
+        SuffixDrafter(HistoryStore(), sources=["elsewhere"])
