@@ -307,10 +307,6 @@ def validate(cfg: RLBoostConfig) -> None:
         cfg.engine.check_histospec(cfg.rollout.histospec.enabled)
     except ValueError as e:
         raise ConfigError(str(e)) from e
-    if cfg.rollout.histospec.enabled and cfg.rollout.histospec.drafter != "ngram" and cfg.rollout.mode == "hybrid":
-        # the hybrid workers build today's n-gram drafter whatever the config says: refuse rather than ignore it
-        raise ConfigError(f"rollout.histospec.drafter={cfg.rollout.histospec.drafter} needs rollout.mode=colocated: "
-                          "the hybrid workers draft with ngram only")
     if cfg.trainer.tis_cap and optimizer_steps_per_step(cfg) > 1:
         raise ConfigError(f"trainer.tis_cap needs one optimizer step per RL step, but trainer.mini_batch_groups="
                           f"{cfg.trainer.mini_batch_groups} splits data.train_batch_size={cfg.data.train_batch_size} "

@@ -144,15 +144,6 @@ def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
         validate(cfg)
 
 
-def test_the_suffix_drafter_is_refused_where_the_workers_would_ignore_it():
-    from rlboost.assembly import validate
-
-    on = ["rollout.histospec.enabled=true", "rollout.histospec.drafter=suffix"]
-    with pytest.raises(ConfigError, match="rollout.histospec.drafter=suffix needs rollout.mode=colocated"):
-        validate(load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", *on]))
-    validate(load_config(RLBoostConfig, overrides=["rollout.mode=colocated", *on]))
-
-
 # --- nan and inf --------------------------------------------------------------------------------------
 
 def float_keys(schema: type, prefix: str = "") -> list[tuple[str, str]]:

@@ -63,3 +63,15 @@ def test_reports_keep_requests_in_step_and_never_leave_more_than_an_interval_unr
     assert sum(r.steps for r in reports) == worst["steps"]
     # in step: about one report per interval decode steps, not one per step
     assert len(reports) <= worst["steps"] / INTERVAL + len(lengths) + 3, (len(reports), worst["steps"])
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+def test_a_hybrid_worker_drafts_with_the_configured_drafter(drafter):
+    """`rollout.histospec.drafter` reaches the hybrid workers (they built the n-gram drafter whatever it said)."""
+    from rlboost.histospec.config import HistoSpecConfig
+    from rlboost.histospec.drafter import Drafter
+    from rlboost.histospec.suffix_drafter import SuffixDrafter
+
+    spec = WorkerSpec(ModelConfig(path="tiny:qwen2"), EngineConfig(device="cpu"), eos_token_ids=[],
+                      histospec=HistoSpecConfig(enabled=True, drafter=drafter))
+    assert type(RolloutWorker(spec).engine.drafter) is {"ngram": Drafter, "suffix": SuffixDrafter}[drafter]

@@ -41,7 +41,7 @@ from rlboost.engine.factory import make_engine
 from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
-from rlboost.histospec import Drafter, HistoryStore
+from rlboost.histospec import HistoryStore, make_drafter
 from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid.token_ledger import TokenLedger
 from rlboost.hybrid.wire import WorkerInfo, WorkerReport
@@ -96,7 +96,7 @@ class RolloutWorker:
         self.history = None
         if spec.histospec is not None:
             self.history = HistoryStore(spec.histospec.history_max_tokens)
-            self.engine.drafter = Drafter(self.history, spec.histospec)
+            self.engine.drafter = make_drafter(self.history, spec.histospec)
         self.spec = spec
         self._cv = threading.Condition()
         self._ledger = TokenLedger(spec.ledger_path) if spec.ledger_path else None
