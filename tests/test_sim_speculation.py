@@ -12,6 +12,7 @@ import pytest
 from rlboost.config import ConfigError, load_config
 from rlboost.sim.baselines import colocated_step
 from rlboost.sim.batching import engine_rollout
+from rlboost.sim.histospec_table import POLICIES, main as table_main, markdown, rows
 from rlboost.sim.profile import make_profiles
 from rlboost.sim.simulator import SimConfig, simulate
 from rlboost.sim.speculation import SpecConfig, SpeculativeProfile, speculating
@@ -161,3 +162,35 @@ def test_config_is_validated(override, message):
             load_config(SimConfig, overrides=[f"histospec.accepted_per_verify={value}"])
     with pytest.raises(ValueError, match="accepted_per_verify must be finite"):
         SpecConfig(accepted_per_verify=float("nan")).validate()
+
+
+def test_the_docs_table_compares_each_policy_with_and_without_histospec():
+    # `python -m rlboost.sim.histospec_table` makes docs/simulator.md's table from these rows.
+    base = SimConfig(duration_s=600.0)
+    table = rows(base, [2.0], ["qwen3-8b"], "A")
+    assert [(r["policy"], r["accepted_per_verify"]) for r in table] == [("verl", 0.0), ("rlboost", 0.0),
+                                                                        ("verl", 2.0), ("rlboost", 2.0)]
+    runs = {(p, a): simulate(replace(base, policy=p, histospec=SpecConfig(accepted_per_verify=a)))
+            for p in POLICIES for a in (0.0, 2.0)}
+    for r in table:
+        mine, a = runs[(r["policy"], r["accepted_per_verify"])], r["accepted_per_verify"]
+        assert r["throughput_tokens_per_s"] == mine.throughput_tokens_per_s
+        assert r["throughput_rel_without"] == pytest.approx(
+            mine.throughput_tokens_per_s / runs[(r["policy"], 0.0)].throughput_tokens_per_s, rel=1e-12)
+        assert r["cost_efficiency_rel_verl"] == mine.relative_to(runs[("verl", 0.0)])["cost_efficiency"]
+        assert r["throughput_rel_verl_same"] == mine.relative_to(runs[("verl", a)])["throughput"]
+    assert table[3]["throughput_rel_without"] > 1.1 and table[3]["engine_speedup"]["batch 256, 4000 tokens"] == \
+        pytest.approx(3.0, rel=1e-3)
+    assert markdown(table).splitlines()[5].startswith("| qwen3-8b | rlboost | 2 (draft 4) |")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--accepted", "lots"], "error: --accepted: 'lots' is not a number of tokens per verify step"),
+    (["--accepted", "nan"], "error: simulate.histospec.accepted_per_verify must be finite and >= 0, got nan"),
+    (["--accepted", "3", "--draft-tokens", "2"], "error: simulate.histospec.accepted_per_verify (3.0) cannot exceed"),
+])
+def test_the_docs_table_refuses_bad_input_before_any_run_in_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr("rlboost.sim.histospec_table.evaluate", lambda *a, **k: pytest.fail("ran before refusing"))
+    assert table_main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1 and captured.err.startswith(message)
