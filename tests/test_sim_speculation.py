@@ -137,7 +137,7 @@ def test_verl_rolls_out_faster_and_trains_the_same():
 
 
 def test_a_run_with_histospec_conserves_tokens_and_is_faster():
-    base = SimConfig(policy="rlboost", segment="A", duration_s=900.0)
+    base = SimConfig(policy="rlboost", segment="A", duration_s=600.0)
     plain = simulate(base)
     fast = simulate(replace(base, histospec=SpecConfig(accepted_per_verify=2.0)))
     for r in (plain, fast):
@@ -168,20 +168,22 @@ def test_the_docs_table_compares_each_policy_with_and_without_histospec():
     # `python -m rlboost.sim.histospec_table` makes docs/simulator.md's table from these rows.
     base = SimConfig(duration_s=600.0)
     table = rows(base, [2.0], ["qwen3-8b"], "A")
-    assert [(r["policy"], r["accepted_per_verify"]) for r in table] == [("verl", 0.0), ("rlboost", 0.0),
-                                                                        ("verl", 2.0), ("rlboost", 2.0)]
-    runs = {(p, a): simulate(replace(base, policy=p, histospec=SpecConfig(accepted_per_verify=a)))
-            for p in POLICIES for a in (0.0, 2.0)}
-    for r in table:
-        mine, a = runs[(r["policy"], r["accepted_per_verify"])], r["accepted_per_verify"]
-        assert r["throughput_tokens_per_s"] == mine.throughput_tokens_per_s
-        assert r["throughput_rel_without"] == pytest.approx(
-            mine.throughput_tokens_per_s / runs[(r["policy"], 0.0)].throughput_tokens_per_s, rel=1e-12)
-        assert r["cost_efficiency_rel_verl"] == mine.relative_to(runs[("verl", 0.0)])["cost_efficiency"]
-        assert r["throughput_rel_verl_same"] == mine.relative_to(runs[("verl", a)])["throughput"]
-    assert table[3]["throughput_rel_without"] > 1.1 and table[3]["engine_speedup"]["batch 256, 4000 tokens"] == \
-        pytest.approx(3.0, rel=1e-3)
-    assert markdown(table).splitlines()[5].startswith("| qwen3-8b | rlboost | 2 (draft 4) |")
+    assert [(r["policy"], r["accepted_per_verify"]) for r in table] == [(p, a) for a in (0.0, 2.0) for p in POLICIES]
+    spec = SpecConfig(accepted_per_verify=2.0)
+    uncapped = replace(base, offload=replace(base.offload, enforce_cap=False), histospec=spec)
+    runs = {("verl", 0.0): simulate(replace(base, policy="verl")), ("verl", 2.0): simulate(replace(base, policy="verl",
+            histospec=spec)), ("rlboost", 0.0): simulate(base), ("rlboost", 2.0): simulate(replace(base, histospec=spec)),
+            ("rlboost-uncapped", 2.0): simulate(uncapped)}
+    for (policy, a), run in runs.items():
+        r = next(r for r in table if (r["policy"], r["accepted_per_verify"]) == (policy, a))
+        assert r["throughput_tokens_per_s"] == run.throughput_tokens_per_s
+        assert r["cost_efficiency_rel_verl"] == run.relative_to(runs[("verl", 0.0)])["cost_efficiency"]
+        assert r["throughput_rel_verl_same"] == run.relative_to(runs[("verl", a)])["throughput"]
+    boosted = table[4]
+    assert boosted["throughput_rel_without"] == pytest.approx(
+        runs[("rlboost", 2.0)].throughput_tokens_per_s / runs[("rlboost", 0.0)].throughput_tokens_per_s, rel=1e-12)
+    assert boosted["engine_speedup"]["batch 256, 4000 tokens"] == pytest.approx(3.0, rel=1e-3)
+    assert markdown(table).splitlines()[6].startswith("| qwen3-8b | rlboost | 2 (draft 4) |")
 
 
 @pytest.mark.parametrize("argv, message", [

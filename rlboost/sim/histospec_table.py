@@ -1,7 +1,7 @@
 """RLBoost and veRL with and without HistoSpec, per model, at given accepted tokens per verify step
 (docs/simulator.md, "HistoSpec at paper scale"; issue 27, item 4).
 
-Contract: `rows(...)` simulates veRL and rlboost on every model and trace segment once without
+Contract: `rows(...)` simulates veRL, rlboost and rlboost with its instance cap not enforced on every model and trace segment once without
 speculative decoding and once per value of `accepted` (`simulate.histospec.accepted_per_verify`, an
 input: what the replay harness measures on recorded histories), and returns one row per (model,
 accepted, policy) with the segments' means: throughput and cost efficiency, each relative to the
@@ -24,7 +24,10 @@ from rlboost.sim.report import MODELS, evaluate
 from rlboost.sim.simulator import SimConfig
 from rlboost.sim.speculation import speculating
 
-POLICIES = ("verl", "rlboost")
+POLICIES = ("verl", "rlboost", "rlboost-uncapped")
+"""rlboost-uncapped: rlboost with the controller's instance cap computed but not enforced
+(`offload.enforce_cap=False`, every instance the trace offers), to tell what HistoSpec gives the
+rollout from how the controller sizes the instances around a faster rollout."""
 SPEEDUP_AT = ((256, 1000), (256, 4000))
 """(batch, context per request) at which rows give the engine's modelled decode speed-up: a full
 engine early in its samples' responses (where verifying may be compute-bound) and later on."""
@@ -38,7 +41,7 @@ def rows(base: SimConfig, accepted: list[float], models=MODELS, segments: str = 
     for cfg in configs.values():
         for model in models:
             replace(cfg, model=model).validate()
-    runs = {a: evaluate(cfg, models, segments, POLICIES)[1] for a, cfg in configs.items()}
+    runs = {a: _runs(cfg, models, segments) for a, cfg in configs.items()}
     out = []
     for model in models:
         plain_engine = make_profiles(model, base.profile)[0]
@@ -75,6 +78,14 @@ def rows(base: SimConfig, accepted: list[float], models=MODELS, segments: str = 
                     "engine_speedup": speedup,
                     "segments": {s: r.throughput_tokens_per_s for s, r in zip(segments, mine)}})
     return out
+
+
+def _runs(cfg: SimConfig, models, segments: str) -> dict:
+    """(model, segment, policy) -> SimResult for every policy of POLICIES."""
+    runs = evaluate(cfg, models, segments, ("verl", "rlboost"))[1]
+    uncapped = evaluate(replace(cfg, offload=replace(cfg.offload, enforce_cap=False)), models, segments, ("rlboost",))[1]
+    runs.update({(m, s, "rlboost-uncapped"): r for (m, s, p), r in uncapped.items() if p == "rlboost"})
+    return runs
 
 
 def markdown(table_rows: list[dict]) -> str:
