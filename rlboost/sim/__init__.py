@@ -3,7 +3,8 @@
 batches samples through time (`batching`), the veRL baseline (`baselines`), the response-length
 workload (`workload`), the event-driven cluster (`cluster`, recording `records`, a shell around the runtime's own
 `rlboost.rollout.step_state.StepState`; what its weight pulls move: `pulls`) and the runs of every policy
-(`simulator`: `simulate(SimConfig(...))`; full pulls against patches: `patch_table`). Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
+(`simulator`: `simulate(SimConfig(...))`; full pulls against patches: `patch_table`). Speculative
+decoding (HistoSpec) in the engines' timing is `speculation`, with and without it per model `histospec_table`. Pure: no clock, no torch, no Ray. The emulated engine (`emulated`) lets
 the real runtime run at the profile's speed; it is the one module here that the runtime loads."""
 
 from rlboost._lazy import lazy_exports
@@ -11,6 +12,7 @@ from rlboost._lazy import lazy_exports
 _EXPORTS = {
     "H100": "specs", "MODELS": "specs", "GPUSpec": "specs", "ModelSpec": "specs",
     "EngineProfile": "profile", "ProfileConfig": "profile", "TrainProfile": "profile", "make_profiles": "profile",
+    "SpecConfig": "speculation", "SpeculativeProfile": "speculation",
     "EngineRollout": "batching", "EngineState": "batching", "engine_rollout": "batching",
     "colocated_run": "baselines", "colocated_step": "baselines",
     "Workload": "workload", "WorkloadConfig": "workload",

@@ -152,6 +152,25 @@ class EngineProfile:
         compute = self._comp_per_sample * batch + self._comp1 * total_context
         return self.overhead_s + max(memory, compute)
 
+    def verify_step_s(self, batch: int, total_context: float, draft_tokens: float) -> float:
+        """Seconds of one speculative verify step: a forward over the last token and a draft of
+        `draft_tokens` tokens of each of `batch` samples. It reads the weights and the running contexts'
+        KV once, as a decode step does, and does draft_tokens + 1 times its compute (each token of the
+        draft passes the matmuls and attends to its sample's context). So it costs about one decode
+        step while the step is memory-bound and up to draft_tokens + 1 of them once compute-bound."""
+        if batch < 1:
+            raise ValueError(f"a verify step needs batch >= 1, got {batch}")
+        (mem_a, mem_s), (comp_a, comp_s) = self.roofline(batch, draft_tokens)
+        return self.overhead_s + max(mem_a + mem_s * total_context, comp_a + comp_s * total_context)
+
+    def roofline(self, batch: int, draft_tokens: float = 0.0) -> tuple[tuple[float, float], tuple[float, float]]:
+        """The two lines of a step's busy time in its total context C, as (intercept, slope): memory
+        time and compute time; the step takes overhead_s + the larger at C. `draft_tokens` > 0: a
+        verify step's (`verify_step_s`), whose compute is draft_tokens + 1 times a decode step's."""
+        width = 1.0 + draft_tokens
+        return ((self._mem0, self._mem1),
+                (width * self._comp_per_sample * batch, width * self._comp1))
+
     def advance_s(self, batch: int, total_context: float, steps: int) -> float:
         """Seconds of `steps` consecutive decode steps at a constant `batch`, starting from
         `total_context`, which grows by `batch` tokens per step. Closed form: equal to

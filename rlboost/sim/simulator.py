@@ -34,7 +34,8 @@ from rlboost.policies.offload import OffloadConfig, OffloadController
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.records import StepRecord
 from rlboost.sim.baselines import colocated_step
-from rlboost.sim.profile import ProfileConfig, make_profiles
+from rlboost.sim.profile import EngineProfile, ProfileConfig, TrainProfile, make_profiles
+from rlboost.sim.speculation import SpecConfig, speculating
 from rlboost.sim.specs import MODELS, WIRE_DTYPES
 from rlboost.sim.workload import Workload, WorkloadConfig
 from rlboost.spot.cost import CostConfig, CostMeter
@@ -150,6 +151,9 @@ class SimConfig:
     """Response lengths of every step (rlboost.sim.workload)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     """The calibrated performance model (rlboost.sim.profile)."""
+    histospec: SpecConfig = field(default_factory=SpecConfig)
+    """Speculative decoding on every rollout engine of the run (rlboost.sim.speculation): tokens
+    accepted per verify step (an input), draft length, the budget's batch bound. Off by default."""
     cost: CostConfig = field(default_factory=CostConfig)
     """Prices; its reserved_nodes is set from this config's (doubled for verl2x)."""
     seed: int = 0
@@ -192,6 +196,7 @@ class SimConfig:
         self.offload.validate()
         self.workload.validate()
         self.profile.validate()
+        self.histospec.validate()
         self.cost.validate()
 
 
@@ -270,10 +275,16 @@ def _result(cfg: SimConfig, steps: list[StepRecord], meter: CostMeter, timeline,
         rollout_gpus=rollout_gpus, train_gpus=train_gpus)
 
 
+def _profiles(cfg: SimConfig) -> tuple[EngineProfile, TrainProfile]:
+    """The run's rollout engine (speculating when cfg.histospec says so) and training profiles."""
+    engine, train = make_profiles(cfg.model, cfg.profile)
+    return speculating(engine, cfg.histospec), train
+
+
 def _colocated(cfg: SimConfig, nodes: int) -> SimResult:
     """veRL: the calibrated colocated step (samples dealt round robin to every engine, rollout, then
     training on every GPU), then the weight sync to the engines."""
-    engine, train = make_profiles(cfg.model, cfg.profile)
+    engine, train = _profiles(cfg)
     gpus = nodes * cfg.gpus_per_node
     engines = gpus // engine.tp
     if engines < 1:
@@ -310,7 +321,7 @@ def offered_instances(cfg: SimConfig) -> SpotTrace:
 def _cluster(cfg: SimConfig, *, rollout_gpus: int, train_gpus: int, colocated: bool, spot: bool,
              controller: OffloadController | None, seed_s: float, max_steps: int | None = None
              ) -> tuple[ClusterRun, list[StepRecord]]:
-    engine, train = make_profiles(cfg.model, cfg.profile)
+    engine, train = _profiles(cfg)
     trace = None
     if spot:
         trace = offered_instances(cfg)
