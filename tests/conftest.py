@@ -73,16 +73,18 @@ def pytest_timeout_set_timer(item, settings):
     """pytest-timeout's `thread` method (pyproject.toml), which ends the run with `os._exit` once it
     dumped every thread's stack, first ends every process the run started (Ray's head, its workers and
     agents, the nodes' processes): no fixture's teardown runs after that exit, and they would be left
-    running."""
+    running. The backstop stretches with the machine's load at the test's start, like every limit of
+    the suite (`hybrid_util.patience`): a test its own limits let run must not be cut off by it."""
     if settings.method != "thread":
         return None
     import pytest_timeout
+    from hybrid_util import load_factor
 
     def expire():
         end_descendants()
         pytest_timeout.timeout_timer(item, settings)
 
-    timer = threading.Timer(settings.timeout, expire)
+    timer = threading.Timer(settings.timeout * load_factor(), expire)
     timer.name = f"pytest-timeout {item.nodeid}"
 
     def cancel():

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hybrid_util import (after_tokens, check_invariants, kill, load_factor, patience, preemptible, reference, refill,
-                         run_step, start_fleet)
+                         run_step, start_fleet, version_weights)
 from rlboost.cluster.hosts import HostEntry
 from rlboost.cluster.resources import PREEMPTIBLE
 from rlboost.hybrid.handles import WorkerState
@@ -80,10 +80,11 @@ def test_a_partitioned_host_whose_link_returns_is_fenced(fleet, ref):
     assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2
 
 
-def test_a_host_vanishing_mid_pull_is_dropped(fleet, ref):
+def test_a_host_vanishing_mid_pull_is_dropped(fleet):
     victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     fleet.cluster.room.set_link(host_of(fleet, victim.name), 2e6)  # the pull takes seconds, not milliseconds
-    fleet.publish(fleet.weights, version=1)
+    # tensors of its own: the base again would be an empty patch, pulled before the test could see it start
+    fleet.publish(version_weights(1), version=1)
     deadline = time.monotonic() + patience(60)
     while victim.state != WorkerState.PULLING:
         assert time.monotonic() < deadline, victim.state
@@ -94,14 +95,14 @@ def test_a_host_vanishing_mid_pull_is_dropped(fleet, ref):
     assert victim.name not in {h.name for h in alive} and all(h.version == 1 for h in alive)
     refill(fleet)
     out, run = run_step(fleet, version=1)
-    check_invariants(out, run, ref, version=1)
+    check_invariants(out, run, version=1, state=version_weights(1))
 
 
-def test_a_degraded_link_does_not_hold_the_step(fleet, ref):
+def test_a_degraded_link_does_not_hold_the_step(fleet):
 
     def degrade(run):
         fleet.cluster.room.set_link(host_of(fleet, preemptible(0)(run)), 1e6)
 
     out, run = run_step(fleet, faults=[(after_tokens(preemptible(0), 8), degrade)], version=1)
-    check_invariants(out, run, ref, version=1)
+    check_invariants(out, run, version=1, state=version_weights(1))
     assert not run.stats.deaths  # slow, not dead
