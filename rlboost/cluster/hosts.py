@@ -37,6 +37,8 @@ ROOM_IP = f"{SUBNET}.1"
 """The room's address on its bridge: the driver's and the head node's."""
 RAY_TMP = "/tmp/ray"
 HOST_KINDS = ("reserved", "preemptible")
+VANISH_S = 30.0
+"""The longest a vanishing host's processes may take to die once killed (they go in milliseconds)."""
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g)?bit\s*$", re.IGNORECASE)
 _UNIT = {None: 1, "k": 1e3, "m": 1e6, "g": 1e9}
 
@@ -300,6 +302,7 @@ class Room:
         if host.unshare.poll() is None:
             subprocess.run(["bridge", "link", "set", "dev", host.port, "state", "0"], capture_output=True)
         host.vanished = True
+        doomed = host.pids()
         try:
             os.kill(host.init_pid, 9)
         except ProcessLookupError:
@@ -308,6 +311,11 @@ class Room:
         host.unshare.wait()
         for proc in host.processes:
             proc.wait()
+        # the kernel kills the rest of the PID namespace after its init, not within the kill() call:
+        # the host is gone when its last process is (a busy machine took it past the return)
+        deadline = time.monotonic() + VANISH_S
+        while any(_alive(pid) for pid in doomed) and time.monotonic() < deadline:
+            time.sleep(0.005)
         subprocess.run(["ip", "link", "del", host.port], capture_output=True)
 
     def close(self) -> None:
@@ -335,6 +343,15 @@ def _child_pid(proc: subprocess.Popen, timeout_s: float) -> int:
     proc.kill()
     raise RuntimeError("a host's namespaces did not come up")
 
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` still runs (a zombie, dead and not reaped yet, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 __all__ = ["HOST_KINDS", "ROOM_IP", "Host", "HostEntry", "HostSpec", "Room", "check_rooms_possible", "enter_room",
            "expand_hosts", "in_room", "link_bits_s", "room_command"]
