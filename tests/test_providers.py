@@ -102,7 +102,7 @@ def test_the_ray_cluster_pool_serves_nodes_with_the_preemptible_resource(tmp_pat
             first, second = (add_node(cluster, security, num_cpus=0, resources={PREEMPTIBLE: 1}) for _ in range(2))
             wait_for(lambda: len(fleet.killable()) == 1, 40, "a worker on a preemptible node")
             clock.wait_ticks(3)
-            assert len(pool.served) == 1 and len(fleet.killable()) == 1  # the cap: one node stays unused
+            assert pool.launches == 1 and len(fleet.killable()) == 1  # the cap: one node stays unused
             (h,) = fleet.killable()
             assert h.node_id in {first.node_id, second.node_id}
             pool.set_cap(2)
