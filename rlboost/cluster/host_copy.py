@@ -20,6 +20,7 @@ Torch is imported only to read the base model.
 
 from __future__ import annotations
 
+import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
@@ -83,6 +84,9 @@ class HostCopy:
 
     def _from_base(self, m: WeightManifest, timeout_s: float, t0: float) -> Reached | str:
         """The version reached from the base on this instance's disk, or why not."""
+        patch = m.patch_from_base()
+        if patch is not None:
+            _prefetch(patch.parts, timeout_s)  # the link carries the patch while the disk gives the base
         try:
             self.arrays = pack(self.load_base(), m)
         except (OSError, ValueError, WeightError) as e:
@@ -90,7 +94,6 @@ class HostCopy:
         base = version_checksum(zlib.crc32(a) for a in self.arrays)
         if base == m.checksum:
             return self._kept(m, None, PullResult(m.version, m.checksum, 0, time.perf_counter() - t0, "from_base"))
-        patch = m.patch_from_base()
         if patch is None or patch.from_checksum != base:
             return f"the base model on this instance's disk (checksum {base}) is not the run's base"
         try:
@@ -126,6 +129,15 @@ class HostCopy:
         else:
             self.held, self.arrays = None, None
         return Reached(weights, changed, result)
+
+
+def _prefetch(refs: list, timeout_s: float) -> None:
+    """Starts moving `refs` into this node's object store and returns at once (`ray.wait` with
+    `fetch_local` pulls what it waits for; its thread ends when they are here or at the timeout)."""
+    import ray
+
+    threading.Thread(target=ray.wait, args=(refs,), daemon=True, name="prefetch",
+                     kwargs={"num_returns": len(refs), "timeout": timeout_s, "fetch_local": True}).start()
 
 
 def _names_at(bucket, where: np.ndarray) -> set[str]:
