@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from rlboost.config import ConfigError, load_config
+from rlboost.config import load_config
 from rlboost.sim.baselines import colocated_step
 from rlboost.sim.batching import engine_rollout
 from rlboost.sim.histospec_table import POLICIES, main as table_main, markdown, rows
@@ -157,9 +157,11 @@ def test_config_is_validated(override, message):
     cfg = load_config(SimConfig, overrides=[override])
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         cfg.validate()
-    for value in ("nan", "inf"):
-        with pytest.raises(ConfigError, match=f"histospec.accepted_per_verify must be a finite number, got {value}"):
-            load_config(SimConfig, overrides=[f"histospec.accepted_per_verify={value}"])
+
+
+def test_a_config_built_in_code_refuses_nan_too():
+    # the loader refuses nan for every float (test_config walks SimConfig); code that builds the
+    # dataclass directly, like the docs table, goes through validate()
     with pytest.raises(ValueError, match="accepted_per_verify must be finite"):
         SpecConfig(accepted_per_verify=float("nan")).validate()
 

@@ -14,15 +14,14 @@ measured acceptance. Pure: the simulator's runs, no clock.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from rlboost.sim.profile import make_profiles
 from rlboost.sim.report import MODELS, evaluate
 from rlboost.sim.simulator import SimConfig
 from rlboost.sim.speculation import speculating
+from rlboost.sim.table_cli import numbers, run_and_print, validate_each
 
 POLICIES = ("verl", "rlboost", "rlboost-uncapped")
 """rlboost-uncapped: rlboost with the controller's instance cap computed but not enforced
@@ -38,9 +37,7 @@ def rows(base: SimConfig, accepted: list[float], models=MODELS, segments: str = 
     config is validated before the first run (ValueError naming the key)."""
     configs = {a: replace(base, histospec=replace(base.histospec, accepted_per_verify=a))
                for a in [0.0] + [a for a in accepted if a != 0.0]}
-    for cfg in configs.values():
-        for model in models:
-            replace(cfg, model=model).validate()
+    validate_each(configs.values(), models)
     runs = {a: _runs(cfg, models, segments) for a, cfg in configs.items()}
     out = []
     for model in models:
@@ -105,13 +102,6 @@ def markdown(table_rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _accepted(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"--accepted: {text!r} is not a number of tokens per verify step") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlboost.sim.histospec_table", description=__doc__.splitlines()[0])
     parser.add_argument("--accepted", default="1,2,3", help="accepted tokens per verify step, e.g. 1,2,3")
@@ -124,17 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     base = SimConfig()
     if args.draft_tokens is not None:
         base = replace(base, histospec=replace(base.histospec, draft_tokens=args.draft_tokens))
-    try:
-        accepted = [_accepted(x) for x in args.accepted.split(",")]
-        table_rows = rows(base, accepted, args.models.split(","), args.segments)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(markdown(table_rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"note": "accepted_per_verify values are assumed inputs, not "
-                                               "measured acceptance", "rows": table_rows}, indent=2) + "\n")
-    return 0
+    return run_and_print(lambda: rows(base, numbers(args.accepted, "--accepted", "tokens per verify step"),
+                                      args.models.split(","), args.segments),
+                         markdown, args.json,
+                         note="accepted_per_verify values are assumed inputs, not measured acceptance")
 
 
 __all__ = ["markdown", "rows"]

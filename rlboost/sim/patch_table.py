@@ -11,14 +11,13 @@ prints it; rerun it with measured shares. Pure: the simulator's runs, no clock.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 from rlboost.sim.profile import make_profiles
 from rlboost.sim.report import MODELS, evaluate
 from rlboost.sim.simulator import SimConfig
+from rlboost.sim.table_cli import numbers, run_and_print, validate_each
 
 
 def rows(base: SimConfig, links: list[float], patch_share: float, from_base_share: float,
@@ -28,9 +27,7 @@ def rows(base: SimConfig, links: list[float], patch_share: float, from_base_shar
     runs = {(link, pulls): replace(base, link_gbps=link, patch_share=patch, from_base_share=from_base)
             for link in links for pulls, patch, from_base in (("full", 1.0, 1.0),
                                                               ("patches", patch_share, from_base_share))}
-    for cfg in runs.values():
-        for model in models:
-            replace(cfg, model=model).validate()
+    validate_each(runs.values(), models)
     out = []
     for (link, pulls), cfg in runs.items():
         result, _ = evaluate(cfg, models, segments, ("verl", "rlboost"))
@@ -67,13 +64,6 @@ def markdown(table_rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _gbps(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"--links: {text!r} is not a number of Gbit/s") from None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rlboost.sim.patch_table", description=__doc__.splitlines()[0])
     parser.add_argument("--links", default="1,10", help="spot links in Gbit/s, e.g. 1,10")
@@ -83,17 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segments", default="ABC")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args(argv)
-    try:
-        links = [_gbps(x) for x in args.links.split(",")]
-        table_rows = rows(SimConfig(), links, args.patch_share, args.from_base_share, args.models.split(","),
-                          args.segments)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(markdown(table_rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"rows": table_rows}, indent=2) + "\n")
-    return 0
+    return run_and_print(lambda: rows(SimConfig(), numbers(args.links, "--links", "Gbit/s"), args.patch_share,
+                                      args.from_base_share, args.models.split(","), args.segments),
+                         markdown, args.json)
 
 
 __all__ = ["markdown", "rows"]
