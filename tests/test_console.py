@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-import progress_kills
+from progress_kills import kills_every
 from hybrid_util import patience
 from rlboost.cli import base_config
 from rlboost.configs import SHOWCASE
@@ -49,10 +50,9 @@ def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigter
     run_dir = tmp_path / "run"
     # kills at seeded token counts, the first due at about the 930th token: in step 1's generation
     # (some 2,000 tokens), so that its line names the samples it migrated
-    argv, env = progress_kills.command("train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
-                                       "run.total_steps=500", *progress_kills.kills_every(500), "tracking.report=false",
-                                       "tracking.loggers=[console,jsonl]")
-    proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    argv = [sys.executable, "-m", "rlboost.cli", "train", HYBRID_SMOKE, f"run.output_dir={run_dir}",
+            "run.total_steps=500", *kills_every(500), "tracking.report=false", "tracking.loggers=[console,jsonl]"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     family: set[int] = set()
@@ -82,7 +82,7 @@ def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigter
     assert death in log.read_text()  # it went to the run's log instead
     assert status == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr and "KeyboardInterrupt" not in stdout + stderr, stdout + stderr
-    assert stdout.splitlines()[0] == f"config: {HYBRID_SMOKE} with 6 override(s)"
+    assert stdout.splitlines()[0] == f"config: {HYBRID_SMOKE} with {len(argv) - 5} override(s)"
     assert "stopped by SIGTERM" in stdout and f"run.output_dir={run_dir}" in stdout, stdout
     # every worker and Ray process of the run went with it
     deadline = time.monotonic() + patience(30)

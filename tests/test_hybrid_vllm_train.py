@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from progress_kills import faster_ticks, kills_every
+from progress_kills import kills_every
 from rlboost.cli import main
 
 pytestmark = pytest.mark.vllm
@@ -30,14 +30,13 @@ def samples_trained(m: dict) -> int:
     return round(m["perf/response_tokens"] / m["response_length/mean"])
 
 
-def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys, monkeypatch):
+def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys):
     """The kills land at seeded token counts of the run (`progress_kills`: with seed 0 and one per
     2,000 tokens on average, the first two due at about the 3,700th and the 6,600th token) into the
     fixed pool's instances, which serve from the step's start: 128 samples of up to 256 tokens, some
     30,000 tokens, so both kills come while the instances hold samples, on a fast machine as on a
     loaded one."""
     batch, n, mean_tokens = 16, 8, 2000
-    faster_ticks(monkeypatch.setattr)
     assert main(["train", str(REPO / "configs" / "hybrid_smoke.yaml"), *VLLM, *QUIET, f"run.output_dir={tmp_path}",
                  "run.total_steps=1", f"data.train_batch_size={batch}", f"rollout.n={n}",
                  "data.max_response_length=256", *kills_every(mean_tokens)]) == 0

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hybrid_util import patience
-from progress_kills import faster_ticks, kills_every
+from progress_kills import kills_every
 from rlboost.cli import main
 from rlboost.data import arithmetic_rows, write_rows
 from rlboost.rollout import Group, Sample
@@ -87,7 +87,7 @@ def test_a_tiny_model_learns_a_learnable_reward(tmp_path):
     assert min(scores[-2:]) > 3 * scores[0] and scores[-1] > 0.2, scores
 
 
-def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path, monkeypatch):
+def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
     """The same learning run with rollout on 1 reserved + 2 preemptible Ray workers, killed with
     SIGKILL at seeded token counts of the run (`progress_kills`) and replaced at once."""
     reward = tmp_path / "digits.py"
@@ -95,7 +95,6 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path, monkey
     common = [f"reward.path={reward}", "trainer.lr=1e-2", "run.save_freq=0", "rollout.n=8",
               "data.max_response_length=16", *QUIET]
     colocated = metrics_of(train(tmp_path, *common, "run.total_steps=1", name="colocated"))
-    faster_ticks(monkeypatch.setattr)
     run = train(tmp_path, *common, "run.total_steps=8", "run.test_freq=4", "rollout.mode=hybrid",
                 "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05", *kills_every(500))
     m = metrics_of(run)

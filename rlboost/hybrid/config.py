@@ -88,6 +88,9 @@ class HybridConfig:
     """The same chaos on the run's progress instead of the clock: mean response tokens generated
     between kills, so they land at the same tokens of the run on a fast machine and a loaded one, and
     only while it generates (0: off; not with preempt_every_s)."""
+    provider_tick_s: float = 0.1
+    """How often the instance provider acts: launches, preemption notices, kills and the trace's
+    events land at its first tick at or after they are due (a kill due at a token count too)."""
     preempt_with: str = "sigkill"
     """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
     processes (needs instances=nodes; with instances=hosts the whole host vanishes)."""
@@ -140,7 +143,7 @@ class HybridConfig:
                      "failure_summary_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"rollout.hybrid.{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s"):
+        for name in ("heartbeat_interval_s", "heartbeat_timeout_s", "call_timeout_s", "provider_tick_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"rollout.hybrid.{name} must be > 0, got {getattr(self, name)}")
         for first, most in (("launch_backoff_s", "launch_backoff_max_s"), ("failure_summary_s", "failure_summary_max_s")):

@@ -39,13 +39,12 @@ from rlboost.policies.failure_digest import FailureDigest, seconds
 from rlboost.policies.launch_backoff import LaunchBackoff
 from rlboost.spot import ProgressClock, TraceReplay
 
-TICK_S = 0.1
 logger = logging.getLogger(__name__)
 BOOT_FAILED = "an instance failed to boot: %s"
 
 
 class Provider:
-    """Shared loop: a `turn` every TICK_S seconds until `stop()` (the ended boots, then `tick(now)`,
+    """Shared loop: a `turn` every `rollout.hybrid.provider_tick_s` seconds until `stop()` (the ended boots, then `tick(now)`,
     its launches through `launch`, which holds them back after failed boots); `cap` from the controller.
     `now` is seconds since `start()` on `clock` (the monotonic clock; a test passes its own to script
     the schedule at exact moments)."""
@@ -93,7 +92,7 @@ class Provider:
         return self.fleet.killable()
 
     def _run(self) -> None:
-        while not self._stop.wait(TICK_S):
+        while not self._stop.wait(self.fleet.cfg.provider_tick_s):
             self.turn(time.monotonic())
 
     def turn(self, wall_s: float) -> None:
