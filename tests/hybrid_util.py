@@ -83,12 +83,13 @@ def reference(model: ModelConfig = MODEL) -> dict[str, tuple[list[int], list[flo
     """Greedy outputs of the workload from one in-process engine: what every hybrid run must match.
     All samples in one batch (the engine's capacity at a time), made once per model and process:
     measured equal, token for token and log-prob for log-prob, to generating group by group, 11x faster."""
-    if model.path not in _REFERENCES:
+    cached = repr(model)  # the whole config: a model of the same path in another dtype is another reference
+    if cached not in _REFERENCES:
         engine = LLMEngine(load_model(model).model, ENGINE)
         samples = [s for g in new_groups(1, prompts(), N, run_seed=0) for s in g.samples]
         done = engine.generate([s.prompt_ids for s in samples], GREEDY)
-        _REFERENCES[model.path] = {key(s.uid): (c.token_ids, c.logprobs) for s, c in zip(samples, done)}
-    return _REFERENCES[model.path]
+        _REFERENCES[cached] = {key(s.uid): (c.token_ids, c.logprobs) for s, c in zip(samples, done)}
+    return _REFERENCES[cached]
 
 
 _REFERENCES: dict[str, dict[str, tuple[list[int], list[float]]]] = {}
