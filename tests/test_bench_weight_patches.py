@@ -20,3 +20,34 @@ def test_the_patch_rows_are_complete_and_bit_identical():
         assert r["bit_identical"] and r["patch_mode"] == "patch" and r["joiner_mode"] == "from_base"
         assert r["full_bytes"] == (2 if r["dtype"] == "bfloat16" else 4) * rows[0]["full_bytes"] // 2
     assert result["errors"] == [] and render(result)
+
+
+def test_saved_versions_let_the_links_rerun_without_the_steps(tmp_path, monkeypatch):
+    import pytest
+    import torch
+
+    from rlboost.bench import weight_patches
+
+    cfg = WeightsBenchConfig(patches=True, patch_models=["tiny:qwen3"], lrs=[2e-5], steps=2, max_tokens=8,
+                             prompts_per_step=2, links=[], fanout=[], versions_dir=str(tmp_path / "versions"))
+    kept = {}
+    real = weight_patches.byte_rows
+
+    def recording(*args, **kwargs):
+        rows, versions = real(*args, **kwargs)
+        kept.update(versions)
+        return rows, versions
+
+    monkeypatch.setattr(weight_patches, "byte_rows", recording)
+    assert len(bench_weights(cfg)["results"]) == 4
+    assert sorted(kept) == [0, 1, 2]
+    about = {"model": "tiny:qwen3", "lr": 2e-5, "steps": 2, "seed": 0}
+    loaded = weight_patches.load_versions(cfg.versions_dir, about)
+    for step, weights in kept.items():  # the bytes the links publish: the bf16 cast of the trainer's weights
+        assert all(torch.equal(loaded[step][n], t.to(torch.bfloat16)) for n, t in weights.items())
+    # a second run takes them instead of training again
+    monkeypatch.setattr(weight_patches, "byte_rows", lambda *a, **k: pytest.fail("trained again"))
+    assert bench_weights(cfg)["results"] == []
+    with pytest.raises(ValueError, match="holds the versions of .* not of .*'steps': 3"):
+        weight_patches.load_versions(cfg.versions_dir, {**about, "steps": 3})
+    assert weight_patches.load_versions(str(tmp_path / "none"), about) is None

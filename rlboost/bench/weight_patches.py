@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import zlib
+from pathlib import Path
 
 import numpy as np
 
@@ -46,6 +48,38 @@ from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
 
 DTYPES = ("bfloat16", "float32")
+LINK_DTYPE = "bfloat16"
+"""The wire dtype of the fan-out and link parts (a bf16 engine's)."""
+
+
+def save_versions(folder: str, versions: dict[int, dict], about: dict) -> None:
+    """The link parts' versions in `folder` (one safetensors file per step, in LINK_DTYPE: the bytes
+    those parts publish) with `about` (model, lr, steps, seed) beside them."""
+    import torch
+    from safetensors.torch import save_file
+
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    for step, weights in versions.items():
+        save_file({n: t.to(getattr(torch, LINK_DTYPE)).contiguous() for n, t in weights.items()},
+                  path / f"step{step}.safetensors")
+    (path / "about.json").write_text(json.dumps({**about, "steps_kept": sorted(versions)}) + "\n")
+
+
+def load_versions(folder: str, about: dict) -> dict[int, dict] | None:
+    """The versions `save_versions` left in `folder`, or None where there are none; ConfigError (one
+    line from the CLI) where they are of another model, lr, step count or seed than `about` says."""
+    from safetensors.torch import load_file
+
+    from rlboost.config import ConfigError
+
+    path = Path(folder)
+    if not (path / "about.json").exists():
+        return None
+    saved = json.loads((path / "about.json").read_text())
+    if {k: saved.get(k) for k in about} != about:
+        raise ConfigError(f"--versions-dir {folder} holds the versions of {saved}, not of {about}")
+    return {step: load_file(path / f"step{step}.safetensors") for step in saved["steps_kept"]}
 
 
 def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, keep: tuple[int, ...] = (),
@@ -106,7 +140,7 @@ def fanout_rows(model: str, versions: dict[int, dict], counts: list[int], link: 
         cluster = Cluster(dataclasses.replace(ClusterConfig(), hosts=hosts), "hosts")
         try:
             cluster.room.set_head_link(bits)
-            publisher = Publisher(WeightsConfig(bucket_mb=bucket_mb), "bfloat16")
+            publisher = Publisher(WeightsConfig(bucket_mb=bucket_mb), LINK_DTYPE)
             publisher.publish(list(versions[steps[1]].items()), 1)
             m = publisher.publish(list(versions[steps[2]].items()), 2).manifest
             patch = next((p for p in m.patches if not p.base), None)
@@ -141,7 +175,7 @@ def _join_and_refresh(model: str, versions: dict[int, dict], link: str, mode: st
     weights = WeightsConfig(bucket_mb=bucket_mb, patches=patches, join_from_base=patches)
     cluster = Cluster(dataclasses.replace(ClusterConfig(), hosts=hosts, weights=weights), "hosts")
     hybrid = HybridConfig(num_preemptible=1, instances="hosts", preempt_with="node")
-    spec = WorkerSpec(ModelConfig(path=model), EngineConfig(device="cpu", max_num_seqs=4, dtype="bfloat16"), [],
+    spec = WorkerSpec(ModelConfig(path=model), EngineConfig(device="cpu", max_num_seqs=4, dtype=LINK_DTYPE), [],
                       heartbeat_interval_s=0.5, join_from_base=patches)
     fleet = Fleet(hybrid, spec, RolloutManager(hybrid, cluster.cfg.weights), cluster)
     try:

@@ -32,6 +32,7 @@ from rlboost.cluster.resources import MANY, PREEMPTIBLE, RESERVED
 from rlboost.engine import EngineConfig
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
+from rlboost.hybrid.handles import first_line
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
@@ -67,6 +68,11 @@ class WeightsBenchConfig:
     """--patches: the link of each fan-out host and of the trainer's own uplink."""
     seed: int = 0
     """--patches: seed of prompts and sampling."""
+    versions_dir: str = ""
+    """--patches: a folder for the versions the fan-out and links publish (the base and the first
+    model's weights after steps - 1 and steps at the first lr, in bf16): written once those steps ran;
+    where it already holds them, those steps (and their byte rows) are skipped, so the links rerun
+    alone in minutes instead of after hours of steps."""
 
 
 def NEEDS_ROOM(cfg: WeightsBenchConfig) -> bool:
@@ -146,10 +152,15 @@ def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] 
     # the weight store's Ray; inside a room, on its reserved host (the room's loopback holds no Ray)
     cluster = (Cluster(dataclasses.replace(ClusterConfig(), hosts=[HostEntry(kind="reserved", name="res-0", cpus=2)]),
                        "hosts") if in_room() else Cluster(ClusterConfig(), "processes"))
+    about = {"model": cfg.patch_models[0], "lr": cfg.lrs[0], "steps": cfg.steps, "seed": cfg.seed}
+    saved = weight_patches.load_versions(cfg.versions_dir, about) if cfg.versions_dir else None
     try:
         for model in cfg.patch_models:
             for lr in cfg.lrs:
                 first = not versions
+                if first and saved:
+                    versions = saved
+                    continue
                 keep = (0, cfg.steps - 1, cfg.steps) if first else ()
                 done = len(rows)
                 out, kept = weight_patches.byte_rows(
@@ -158,6 +169,8 @@ def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] 
                 rows += out
                 if first:
                     versions = kept
+                    if cfg.versions_dir:
+                        weight_patches.save_versions(cfg.versions_dir, kept, about)
     finally:
         cluster.shutdown()
     errors = []
@@ -169,7 +182,7 @@ def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] 
             try:  # a part that fails keeps the rows measured before it (the bytes take hours)
                 rows += run()
             except Exception as e:  # noqa: BLE001 - reported in the result, and the part's rows are missing
-                errors.append(f"{part}: {type(e).__name__}: {e}")
+                errors.append(f"{part}: {first_line(e)}")  # Ray's out-of-memory report is 40 lines
             save_partial(_result(cfg, rows, errors))
     return _result(cfg, rows, errors)
 
