@@ -115,11 +115,16 @@ def _bench(args: argparse.Namespace) -> int:
     from rlboost.run_log import run_log
     from rlboost.tables import log_for, print_line, print_output
 
-    from rlboost.config import check_finite
+    from rlboost.config import ConfigError, check_finite
 
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
     check_finite(cfg, name=lambda key: "--" + key.split("[")[0].replace("_", "-"))  # argparse's float takes nan and inf
+    if hasattr(cfg, "validate"):
+        try:
+            cfg.validate()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     needs_room = getattr(importlib.import_module(f"rlboost.bench.{BENCHES[args.what][0]}"), "NEEDS_ROOM", False)
     if needs_room(cfg) if callable(needs_room) else needs_room:
         _enter_room(args.argv)  # the bench goes on inside a room of emulated hosts

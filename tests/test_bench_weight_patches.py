@@ -42,12 +42,23 @@ def test_saved_versions_let_the_links_rerun_without_the_steps(tmp_path, monkeypa
     assert len(bench_weights(cfg)["results"]) == 4
     assert sorted(kept) == [0, 1, 2]
     about = {"model": "tiny:qwen3", "lr": 2e-5, "steps": 2, "seed": 0}
-    loaded = weight_patches.load_versions(cfg.versions_dir, about)
+    loaded = weight_patches.load_versions(cfg.versions_dir, weight_patches.saved_steps(cfg.versions_dir, about))
     for step, weights in kept.items():  # the bytes the links publish: the bf16 cast of the trainer's weights
         assert all(torch.equal(loaded[step][n], t.to(torch.bfloat16)) for n, t in weights.items())
     # a second run takes them instead of training again
     monkeypatch.setattr(weight_patches, "byte_rows", lambda *a, **k: pytest.fail("trained again"))
     assert bench_weights(cfg)["results"] == []
     with pytest.raises(ValueError, match="holds the versions of .* not of .*'steps': 3"):
-        weight_patches.load_versions(cfg.versions_dir, {**about, "steps": 3})
-    assert weight_patches.load_versions(str(tmp_path / "none"), about) is None
+        weight_patches.saved_steps(cfg.versions_dir, {**about, "steps": 3})
+    assert weight_patches.saved_steps(str(tmp_path / "none"), about) is None
+
+
+def test_bad_flags_are_one_line_before_anything_starts(tmp_path, capsys):
+    from rlboost.cli import main
+
+    (tmp_path / "about.json").write_text('{"model": "tiny:llama", "lr": 1e-6, "steps": 20, "seed": 0, "steps_kept": [0]}')
+    for argv, message in ((["--links", "fast"], "error: --links='fast' is not a link rate"),
+                          (["--versions-dir", str(tmp_path)], f"error: --versions-dir {tmp_path} holds the versions of")):
+        assert main(["bench", "weights", "--patches", "--fanout", "", *argv]) == 2
+        out = capsys.readouterr().out
+        assert out.startswith(message) and len(out.strip().splitlines()) == 1, out

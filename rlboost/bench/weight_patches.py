@@ -66,20 +66,22 @@ def save_versions(folder: str, versions: dict[int, dict], about: dict) -> None:
     (path / "about.json").write_text(json.dumps({**about, "steps_kept": sorted(versions)}) + "\n")
 
 
-def load_versions(folder: str, about: dict) -> dict[int, dict] | None:
-    """The versions `save_versions` left in `folder`, or None where there are none; ConfigError (one
-    line from the CLI) where they are of another model, lr, step count or seed than `about` says."""
+def saved_steps(folder: str, about: dict) -> list[int] | None:
+    """The steps `save_versions` left in `folder`, or None where it left none; ValueError where they
+    are of another model, lr, step count or seed than `about` says."""
+    path = Path(folder) / "about.json"
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if {k: saved.get(k) for k in about} != about:
+        raise ValueError(f"--versions-dir {folder} holds the versions of {saved}, not of {about}")
+    return saved["steps_kept"]
+
+
+def load_versions(folder: str, steps: list[int]) -> dict[int, dict]:
     from safetensors.torch import load_file
 
-    from rlboost.config import ConfigError
-
-    path = Path(folder)
-    if not (path / "about.json").exists():
-        return None
-    saved = json.loads((path / "about.json").read_text())
-    if {k: saved.get(k) for k in about} != about:
-        raise ConfigError(f"--versions-dir {folder} holds the versions of {saved}, not of {about}")
-    return {step: load_file(path / f"step{step}.safetensors") for step in saved["steps_kept"]}
+    return {step: load_file(Path(folder) / f"step{step}.safetensors") for step in steps}
 
 
 def byte_rows(model: str, lr: float, steps: int, max_tokens: int, seed: int, keep: tuple[int, ...] = (),

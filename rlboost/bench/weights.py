@@ -75,6 +75,23 @@ class WeightsBenchConfig:
     alone in minutes instead of after hours of steps."""
 
 
+    def about(self) -> dict:
+        """What the versions the links publish are of (`--versions-dir` keeps them with it)."""
+        return {"model": self.patch_models[0], "lr": self.lrs[0], "steps": self.steps, "seed": self.seed}
+
+    def validate(self) -> None:
+        """Bad input as a ValueError naming the flag, before any Ray, room or step starts."""
+        if not self.patches:
+            return
+        for link in self.links:
+            link_bits_s(link, "--links")
+        link_bits_s(self.fanout_link, "--fanout-link")
+        if self.versions_dir:
+            from rlboost.bench.weight_patches import saved_steps
+
+            saved_steps(self.versions_dir, self.about())
+
+
 def NEEDS_ROOM(cfg: WeightsBenchConfig) -> bool:
     """The links of `--patches` are measured inside a room of emulated hosts."""
     return cfg.patches and bool(cfg.links or cfg.fanout)
@@ -145,15 +162,13 @@ def _floor(fleet: Fleet, refs: list, n: int) -> float:
 def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] = lambda result: None) -> dict:
     from rlboost.bench import weight_patches
 
-    for link in cfg.links:
-        link_bits_s(link, "--links")
-    link_bits_s(cfg.fanout_link, "--fanout-link")
+    cfg.validate()
     rows, versions = [], {}
     # the weight store's Ray; inside a room, on its reserved host (the room's loopback holds no Ray)
     cluster = (Cluster(dataclasses.replace(ClusterConfig(), hosts=[HostEntry(kind="reserved", name="res-0", cpus=2)]),
                        "hosts") if in_room() else Cluster(ClusterConfig(), "processes"))
-    about = {"model": cfg.patch_models[0], "lr": cfg.lrs[0], "steps": cfg.steps, "seed": cfg.seed}
-    saved = weight_patches.load_versions(cfg.versions_dir, about) if cfg.versions_dir else None
+    steps = weight_patches.saved_steps(cfg.versions_dir, cfg.about()) if cfg.versions_dir else None
+    saved = weight_patches.load_versions(cfg.versions_dir, steps) if steps else None
     try:
         for model in cfg.patch_models:
             for lr in cfg.lrs:
@@ -170,7 +185,7 @@ def bench_patches(cfg: WeightsBenchConfig, save_partial: Callable[[dict], None] 
                 if first:
                     versions = kept
                     if cfg.versions_dir:
-                        weight_patches.save_versions(cfg.versions_dir, kept, about)
+                        weight_patches.save_versions(cfg.versions_dir, kept, cfg.about())
     finally:
         cluster.shutdown()
     errors = []
