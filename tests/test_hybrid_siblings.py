@@ -53,14 +53,21 @@ def test_a_sibling_on_another_worker_is_forwarded_within_the_budget_and_changes_
     try:
         run = fleet.manager.start_step(group, GREEDY, version=fleet.manifest.version, seed_window_s=None,
                                        sibling_tokens_per_step=budget)
-        relay = run.siblings
+    except BaseException:
+        reader.handles = table.handles
+        raise
+    relay = run.siblings
 
-        def first_done_and_forwarded() -> bool:
-            return (run.tracked[uid_first].state is SampleState.FINISHED and relay.share.sent[held] == forwarded
-                    and relay.in_flight() == 0)  # answered: the held worker's drafter took them
+    def first_done_and_forwarded() -> bool:
+        return (run.tracked[uid_first].state is SampleState.FINISHED and relay.share.sent[held] == forwarded
+                and relay.in_flight() == 0)  # answered: the held worker's drafter took them
 
+    try:
         wait_for(first_done_and_forwarded, 60, f"{forwarded} tokens of {uid_first} forwarded to {held}")
         assert run.tracked[uid_held].worker == held and run.tracked[uid_held].state is SampleState.RUNNING
+    except BaseException:
+        run.cancel()  # the step's loop ends with the test
+        raise
     finally:
         reader.handles = table.handles
     [done] = list(run.groups())
