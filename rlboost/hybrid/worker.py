@@ -20,7 +20,7 @@ Contract (DESIGN.md 2.2):
 - `submit`, `abort`, `siblings` and `pull` are control calls, run between engine steps (they take the
   engine lock). `abort` returns each request's exact partial output. `siblings` hands the drafter
   tokens of samples of its requests' groups that run on other workers (HistoSpec across instances,
-  `rlboost.hybrid.step_run`); it never changes what is generated, only what is drafted.
+  `rlboost.hybrid.sibling_relay`); it never changes what is generated, only what is drafted.
 - A worker starts with its model's architecture and no trained weights (version -1); `pull` reaches a
   published version (in full, by a patch from the version it serves, or from the base model on its
   disk: `rlboost.cluster.host_copy`), verifies every bucket and only then swaps it in (invariant 5); a
