@@ -13,6 +13,9 @@ Contract:
 - A group is planned again only when it has news: a report brought tokens of one of its samples, a
   submission of one was acknowledged, or a worker it had news for was busy. A turn without news
   costs nothing; one with news costs O(samples of those groups).
+- Why a call of its own rather than riding on `submit`: a worker gets its submissions at dispatch
+  and at the few refills after, while progress comes with every report; waiting for the next submit
+  would leave most of a step's progress unsent. The call is batched per turn instead.
 - What it costs: at most one actor call per worker per manager turn with news for it (turns are
   20-200 ms apart, `rlboost.hybrid.streams`, and reports come every `engine.stream_interval` tokens),
   never one per token. A call carries, per (group, sibling) with new tokens, the request id, the
