@@ -17,7 +17,10 @@ Contract:
 - What a worker holds of a sibling: what it was sent, and what it generated itself while the sibling
   ran there (its drafter indexed that as a local sibling). A worker that no longer has a receiver in
   a group has dropped its trie (the drafter forgets a group with its last request): what it held of
-  the group is forgotten, and a later receiver there gets every sibling again from its start.
+  the group is forgotten, and a later receiver there gets every sibling again from its start. A
+  sibling that migrates to a worker it was forwarded to is indexed there again as a local request
+  (its resubmitted context holds its tokens): its counts there are doubled, which shifts estimates
+  only; drafts are verified whatever they are.
 - A sibling whose tokens fell below what a worker holds of it (they were thrown away:
   migration=recompute) is sent again from its start under a new key (`Forward.sibling`): the drafter
   keeps what it took and starts a new sequence.
