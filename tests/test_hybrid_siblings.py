@@ -82,4 +82,3 @@ def test_a_sibling_on_another_worker_is_forwarded_within_the_budget_and_changes_
     for sample in done.samples:  # lossless: what plain decoding gives, token for token
         assert sample.response_ids == tokens, sample.uid
         assert max(abs(a - b) for a, b in zip(sample.logprobs, logprobs)) < 1e-4, sample.uid
-    print(f"budget {budget}: {stats.accepted} draft tokens accepted in {stats.verifications} verifications on {held}")
