@@ -3,13 +3,15 @@ step one epoch of the prompts, then replayed with every drafter; a bad recording
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
 from rlboost.cli import main
 from rlboost.data import DatasetError
 from rlboost.histospec.recording import read_recording
-from rlboost.histospec.replay import VARIANTS
+from rlboost.histospec.replay import FORWARDED, VARIANTS
 
 
 def test_record_then_replay_a_tiny_model(tmp_path, capsys):
@@ -43,3 +45,22 @@ def test_a_bad_recording_is_one_line_and_exit_2(tmp_path, capsys):
     assert main(["bench", "spec", "--replay", str(bad)]) == 2
     out = capsys.readouterr().out
     assert "bad.jsonl:2: `step` must be an int >= 0" in out and "Traceback" not in out
+
+
+def test_replay_over_instances_reports_local_and_forwarded_siblings(tmp_path, capsys):
+    path = tmp_path / "histories.jsonl"
+    a, b = [40, 41, 42, 43, 44, 45], [60, 61, 62, 63, 40, 41, 42, 43, 44, 45]
+    path.write_text(json.dumps({"step": 1, "prompt": [90, 91, 92], "responses": [a, b]}) + "\n")
+    out = tmp_path / "out.json"
+    assert main(["bench", "spec", "--replay", str(path), "--instances", "2", "--stream-interval", "4",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["config"] | {"recording": ""} == {"recording": "", "instances": 2, "stream_interval": 4,
+                                                    "sibling_tokens_per_step": 16384}
+    rows = {r["drafter"]: r for r in result["replay"]}
+    assert set(rows) == set(VARIANTS + FORWARDED)
+    # a and b on two engines: b drafts a's tail (after its 40 41 42) only when a is forwarded
+    assert rows["suffix:siblings"]["accepted"] == 0 < rows["suffix:siblings+forwarded"]["accepted"]
+    assert "2 instances" in capsys.readouterr().out
+    assert main(["bench", "spec", "--replay", str(path), "--instances", "0"]) == 2
+    assert "--instances must be >= 1, got 0" in capsys.readouterr().out

@@ -85,6 +85,8 @@ def test_shipped_configs_are_valid_and_complete():
     ("rollout.histospec.min_order=9", "rollout.histospec.max_order must be >= min_order"),
     ("rollout.histospec.drafter=tree", "rollout.histospec.drafter must be one of ngram, suffix, got 'tree'"),
     ("rollout.histospec.suffix_spec_factor=0", "rollout.histospec.suffix_spec_factor must be > 0"),
+    ("rollout.histospec.sibling_tokens_per_step=-1",
+     "rollout.histospec.sibling_tokens_per_step must be an integer >= 0 (0: off), got -1"),
 ])
 def test_hybrid_settings_are_checked(override, message):
     cfg = load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", override])
@@ -187,6 +189,18 @@ def test_every_number_of_a_config_refuses_nan_and_inf(schema):
         for value in ("nan", "inf", "-inf"):
             with pytest.raises(ConfigError, match=re.escape(f"{key} must be a finite number, got {value}")):
                 load_config(schema, overrides=[override.format(value)])
+
+
+def test_the_sibling_budget_refuses_what_is_not_a_whole_number_of_tokens():
+    from rlboost.histospec.config import HistoSpecConfig
+
+    for value in ("nan", "inf", "-inf", "1.5"):
+        with pytest.raises(ConfigError, match=re.escape("rollout.histospec.sibling_tokens_per_step")):
+            load_config(RLBoostConfig, overrides=[f"rollout.histospec.sibling_tokens_per_step={value}"])
+    for value in (float("nan"), float("inf"), -1, True):  # built in code: the config's own check
+        with pytest.raises(ValueError, match="sibling_tokens_per_step must be an integer >= 0"):
+            HistoSpecConfig(sibling_tokens_per_step=value).validate()
+    HistoSpecConfig(sibling_tokens_per_step=0).validate()  # 0: off
 
 
 def test_a_config_built_in_code_is_checked_too():

@@ -9,7 +9,7 @@ import pytest
 
 from rlboost.histospec import DraftConfig
 from rlboost.histospec.recording import GroupRecorder, RecordedGroup, read_recording
-from rlboost.histospec.replay import VARIANTS, replay
+from rlboost.histospec.replay import FORWARDED, VARIANTS, replay
 
 PROMPT = (90, 91, 92)
 RESPONSE = (10, 11, 12, 13, 14, 15, 16, 17)
@@ -86,3 +86,38 @@ def test_recording_round_trip_and_bad_lines_are_named(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ValueError, match="no groups"):
         read_recording(tmp_path / "empty.jsonl")
+
+
+def counts(row):
+    return row["plain_steps"], row["steps"], row["verifications"], row["drafted"], row["accepted"]
+
+
+def test_siblings_on_other_instances_draft_only_when_forwarded_within_the_budget():
+    a = (40, 41, 42, 43, 44, 45)
+    b = (60, 61, 62, 63, 40, 41, 42, 43, 44, 45)
+    groups, cfg = [RecordedGroup("", 0, PROMPT, (a, b))], DraftConfig(min_order=2)
+    one_engine = rows_by(replay(groups, ["suffix:siblings"], cfg))[0, "suffix:siblings"]
+    assert counts(one_engine) == (14, 12, 1, 2, 2)  # as in the test above: b drafts a's 42 43
+    split = rows_by(replay(groups, None, cfg, instances=2))
+    assert {d for _, d in split} == set(VARIANTS + FORWARDED)  # the forwarded variants come with instances
+    # a on one instance, b on the other: b's instance never sees a unless the manager forwards it
+    assert counts(split[0, "suffix:siblings"]) == (14, 14, 0, 0, 0)
+    assert counts(split[0, "suffix:siblings+forwarded"]) == counts(one_engine)  # a had finished and reported
+    # a budget of 1 token per instance forwards a's first token only: nothing to match (40, 41) on
+    starved = rows_by(replay(groups, ["suffix:siblings+forwarded"], cfg, instances=2, sibling_tokens_per_step=1))
+    assert counts(starved[0, "suffix:siblings+forwarded"]) == (14, 14, 0, 0, 0)
+
+
+def test_a_forwarded_sibling_is_seen_a_report_late():
+    a = tuple(range(10, 30))
+    b = (99,) + a[:-1]  # b writes what a wrote, a token later: a running a is ahead of it
+    groups, cfg = [RecordedGroup("", 0, PROMPT, (a, b))], DraftConfig(min_order=1)
+    name = "suffix:siblings+forwarded"
+    per_token = rows_by(replay(groups, [name], cfg, instances=2, stream_interval=1))[0, name]
+    at_the_end = rows_by(replay(groups, [name], cfg, instances=2, stream_interval=1000))[0, name]
+    # reported every token, a's lead reaches b a round later: one draft token, accepted; reported only
+    # when a finishes (as b does), never in time
+    assert counts(per_token) == (38, 37, 1, 1, 1)
+    assert counts(at_the_end) == (38, 38, 0, 0, 0)
+    with pytest.raises(ValueError, match="instances"):
+        replay(groups, [name], cfg, instances=0)

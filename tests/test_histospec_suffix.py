@@ -100,6 +100,41 @@ def test_siblings_source_drafts_from_a_sibling_further_along():
     assert drafter.propose("c", PROMPT) == []
 
 
+def test_a_sibling_on_another_engine_drafts_once_its_tokens_are_forwarded():
+    local_only, forwarded = _suffix(sources=["siblings"]), _suffix(sources=["siblings"])
+    for drafter in (local_only, forwarded):
+        drafter.start("r", PROMPT)
+    # the sibling runs elsewhere: only the manager's forward brings its tokens here
+    assert forwarded.add_sibling("r", "s", 0, [30, 31, 32]) == 3
+    assert local_only.propose("r", PROMPT) == []
+    assert forwarded.propose("r", PROMPT) == [30, 31, 32]  # from the first token on: after the prompt's tail
+    # the next forward continues the sibling's sequence; what it holds already is skipped
+    assert forwarded.add_sibling("r", "s", 2, [32, 33, 34]) == 2
+    assert forwarded.propose("r", PROMPT + [30, 31, 32]) == [33, 34]
+    assert forwarded.add_sibling("r", "s", 0, [30, 31]) == 0
+    # after a gap the tokens are a new sequence: no substring spans it (32 34 is not followed by 60)
+    assert forwarded.add_sibling("r", "s", 7, [60, 61]) == 2
+    assert forwarded.propose("r", PROMPT + [33, 34]) == []
+    assert forwarded.propose("r", PROMPT + [60]) == [61]
+    assert forwarded.add_sibling("nobody", "s", 0, [1, 2]) == 0  # not running here: nothing taken
+
+
+def test_forwarded_siblings_go_with_the_group_and_the_ngram_drafter_takes_none():
+    drafter = _suffix(sources=["siblings"])
+    drafter.start("r", PROMPT)
+    drafter.add_sibling("r", "s", 0, [30, 31, 32])
+    drafter.finish("r")
+    drafter.start("q", PROMPT)  # a new group: the old one's siblings are gone with it
+    assert drafter.propose("q", PROMPT) == []
+    store = HistoryStore()
+    store.update(PROMPT, [[1, 2, 3, 4]])
+    ngram = Drafter(store, DraftConfig(min_order=1))
+    ngram.start("r", PROMPT)
+    before = ngram.propose("r", PROMPT + [1])
+    assert ngram.add_sibling("r", "s", 0, [1, 9, 9, 9]) == 0
+    assert ngram.propose("r", PROMPT + [1]) == before == [2, 3, 4]
+
+
 def test_invalidate_starts_new_sibling_groups_and_reloads_history():
     store = HistoryStore()
     store.update(PROMPT, [[1, 2, 3]])

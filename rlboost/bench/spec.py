@@ -71,6 +71,15 @@ class SpecBenchConfig:
     replay: str = ""
     """Instead of the timed bench: replay this recording (JSONL, `rlboost.histospec.recording`) with each
     drafter, no model and no timing: accepted tokens per verify step and decode steps saved."""
+    instances: int = 1
+    """Replay: engines a step's responses are dealt over, as a hybrid rollout's workers; above 1 the
+    suffix drafter is replayed with the siblings on its own engine only and with those elsewhere
+    forwarded too (`+forwarded`)."""
+    stream_interval: int = 8
+    """Replay with instances: tokens per report (engine.stream_interval), the lag of a forwarded sibling."""
+    sibling_tokens_per_step: int = 16384
+    """Replay with instances: the most forwarded tokens per engine per step
+    (rollout.histospec.sibling_tokens_per_step)."""
 
 
 def bench_spec(cfg: SpecBenchConfig) -> dict:

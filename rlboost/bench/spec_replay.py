@@ -7,7 +7,9 @@ epoch per step), each step's groups appended to FILE (`rlboost.histospec.recordi
 then FILE is replayed. `--replay FILE`: only the replay (`rlboost.histospec.replay`), no model and no
 timing: per run, epoch and drafter (`ngram`, the suffix drafter per source, `suffix`), accepted
 tokens per verify step and the share of decode steps saved, acceptance being exact match with the
-recorded tokens (what rlboost's coupled verifier accepts).
+recorded tokens (what rlboost's coupled verifier accepts). `--instances K` deals each step's responses
+over K engines, and adds the suffix drafter with siblings forwarded across them (`+forwarded`, a
+report late, at most `--sibling-tokens-per-step` per engine per step) beside the local-only one.
 """
 
 from __future__ import annotations
@@ -43,17 +45,29 @@ def record_histories(cfg, path: Path) -> None:
 
 
 def replay_result(cfg, path: Path) -> dict:
+    for flag, value, least in (("instances", cfg.instances, 1), ("stream-interval", cfg.stream_interval, 1),
+                               ("sibling-tokens-per-step", cfg.sibling_tokens_per_step, 0)):
+        if value < least:
+            raise DatasetError(f"--{flag} must be >= {least}, got {value}")
     try:
         groups = read_recording(path)
     except (OSError, ValueError) as e:
         raise DatasetError(f"--replay: {e}") from None
+    spread = {"instances": cfg.instances, "stream_interval": cfg.stream_interval,
+              "sibling_tokens_per_step": cfg.sibling_tokens_per_step}
+    rows = replay(groups, instances=cfg.instances, stream_interval=cfg.stream_interval,
+                  sibling_tokens_per_step=cfg.sibling_tokens_per_step)
     return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
-                                                   "record_epochs": cfg.record_epochs} if cfg.record else {}),
-            "machine": {"cpus": os.cpu_count()}, "replay": replay(groups)}
+                                                   "record_epochs": cfg.record_epochs} if cfg.record else {}) | spread,
+            "machine": {"cpus": os.cpu_count()}, "replay": rows}
 
 
 def render_replay(result: dict) -> Table:
-    table = Table(title=f"HistoSpec drafters replayed on {result['config']['recording']} (exact-match acceptance)")
+    cfg = result["config"]
+    spread = (f", {cfg['instances']} instances, reports every {cfg['stream_interval']} tokens, "
+              f"{cfg['sibling_tokens_per_step']} forwarded tokens per instance per step"
+              if cfg.get("instances", 1) > 1 else "")
+    table = Table(title=f"HistoSpec drafters replayed on {cfg['recording']} (exact-match acceptance{spread})")
     for column in ("run", "epoch", "drafter", "responses", "tokens", "accepted/verify", "acceptance",
                    "steps saved"):
         table.add_column(column, justify="right")

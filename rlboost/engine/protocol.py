@@ -145,6 +145,8 @@ class SpecStats:
     verify_steps: int = 0
     verify_s: float = 0.0
     plain_equivalent_s: float = 0.0
+    sibling_tokens: int = 0
+    """Tokens of siblings on other instances the drafter took in (a hybrid worker's, from the manager)."""
 
     def record(self, drafted: int, accepted: int) -> None:
         self.verifications += 1
@@ -161,6 +163,11 @@ class Drafter(Protocol):
     def feedback(self, request_id: str, drafted: int, accepted: int) -> None: ...
     def finish(self, request_id: str) -> None: ...
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None: ...
+    def add_sibling(self, request_id: str, sibling: str, offset: int, tokens: Sequence[int]) -> int:
+        """Tokens of a sibling of `request_id` (same prompt, same step) that runs on another engine,
+        from `offset` of its response, to draft from; returns how many were new. Called by a hybrid
+        worker, never by the engine; a drafter without such a source takes nothing."""
+        ...
 
 
 class EngineLimits(Protocol):

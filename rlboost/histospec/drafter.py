@@ -173,6 +173,11 @@ class Drafter:
     def finish(self, request_id: str) -> None:
         self._requests.pop(request_id, None)
 
+    def add_sibling(self, request_id: str, sibling: str, offset: int, tokens: Sequence[int]) -> int:
+        """Siblings on other engines are the suffix drafter's source; this one drafts from history
+        only: nothing is taken."""
+        return 0
+
     def draft_length(self, request_id: str) -> int:
         return self._requests[request_id].length
 

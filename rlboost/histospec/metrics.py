@@ -22,7 +22,8 @@ def spec_metrics(stats: SpecStats, history_prompts: int) -> dict[str, float]:
                "spec/step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
                "spec/acceptance_rate": stats.accepted / stats.drafted if stats.drafted else 0.0,
                "spec/accepted_tokens_per_step": stats.accepted / stats.verifications if stats.verifications else 0.0,
-               "spec/history_prompts": float(history_prompts)}
+               "spec/history_prompts": float(history_prompts),
+               "spec/sibling_tokens": float(stats.sibling_tokens)}
     if stats.verify_s > 0:
         # plain decoding's measured time for the same tokens over the time the verification steps took
         metrics["spec/speedup"] = stats.plain_equivalent_s / stats.verify_s

@@ -5,7 +5,12 @@ SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
 - `siblings`: a trie per prompt over the outputs of the requests on this engine that share the prompt
   and started since the last `invalidate()` (a GRPO group on one engine: the store changes between
   steps), finished ones included until the last of them finishes; each output is taken from the
-  context its request last proposed with, so a sibling further along drafts for one behind it;
+  context its request last proposed with, so a sibling further along drafts for one behind it. In
+  hybrid rollout the group's samples on other instances join it too: `add_sibling(request_id,
+  sibling, offset, tokens)` takes tokens of a remote sibling's response (the manager forwards them,
+  `rlboost.histospec.sibling_share`) into the trie of every group of `request_id`'s prompt here, each
+  remote sibling continuing its own sequence (tokens it already holds are skipped; after a gap a new
+  sequence starts, so no substring spans the gap); they go with the group;
 - `history`: a trie per prompt over its responses in the `HistoryStore` (the previous rollout).
 The tries of `siblings` and `history` start with the prompt's tail, so a response's first tokens
 can be drafted too. Per proposal every source yields a candidate per matched suffix length (at
@@ -39,6 +44,16 @@ class _Group:
     after_prompt: list
     """The trie's state after the prompt's tail: where each member's output starts."""
     members: set[str] = field(default_factory=set)
+    remote: dict[str, _Remote] = field(default_factory=dict)
+    """Siblings on other engines, by the key the manager sends them under."""
+
+
+@dataclass
+class _Remote:
+    state: list
+    """Open suffixes of its sequence in the group's trie."""
+    held: int = 0
+    """Tokens of its response taken (or skipped) so far."""
 
 
 @dataclass
@@ -114,6 +129,29 @@ class SuffixDrafter:
         req.group.members.discard(request_id)
         if not req.group.members:
             self._groups.pop(req.group.key, None)
+
+    def add_sibling(self, request_id: str, sibling: str, offset: int, tokens: Sequence[int]) -> int:
+        """Tokens of `sibling`'s response from `offset` on, `sibling` being a request with the prompt
+        of `request_id` on another engine; returns how many were new to its group here (0: `request_id`
+        is not running here, or it held them already)."""
+        req = self._requests.get(request_id)
+        if req is None:
+            return 0
+        taken = 0
+        for group in [g for key, g in self._groups.items() if key[0] == req.prompt]:
+            remote = group.remote.get(sibling)
+            if remote is None:
+                remote = group.remote[sibling] = _Remote(list(group.after_prompt) if offset == 0 else [])
+            elif offset > remote.held:
+                remote.state = []  # a gap: what follows is a new sequence
+            new = tokens[max(remote.held - offset, 0):]
+            if not new:
+                continue
+            remote.state = group.trie.extend(new, remote.state)
+            remote.held = offset + len(tokens)
+            if group is req.group:
+                taken = len(new)
+        return taken
 
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
         """The store changed (a step ended): rebuild the history tries of `prompts` (None: all) when

@@ -112,10 +112,12 @@ class RolloutManager:
 
     def start_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                   history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None):
+                   history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
+                   sibling_tokens_per_step: int = 0):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
         until the step ends. `seed_window_s=None`: every worker generates to the end (evaluation).
-        `outlook`: the offload controller's, for the no-regret hand-off (None: at the window's end)."""
+        `outlook`: the offload controller's, for the no-regret hand-off (None: at the window's end).
+        `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
         table = self.table
@@ -124,7 +126,7 @@ class RolloutManager:
             table.apply_inbox(time.monotonic())
             policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
             run = StepRun(table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
-                          history)
+                          history, sibling_tokens_per_step)
             run.thread.start()
         except BaseException:
             table.listen(None)

@@ -88,9 +88,12 @@ class HybridRollout:
                 overruns = overrun_check(self.histopipe, groups)
             self._to_remember = groups
         history = self.history.responses if self.history is not None else None
+        spec = self.fleet.spec.histospec
+        # only the suffix drafter drafts from siblings
+        siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter == "suffix" else 0
         # an evaluation has no seeding window: every worker generates to the end
         self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
-                                           history, plan and plan.outlook)
+                                           history, plan and plan.outlook, siblings)
         if self.progress is not None:
             self.progress.begin(self.run.tokens)
         return self._released(self.run)

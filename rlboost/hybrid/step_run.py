@@ -27,6 +27,7 @@ from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import WorkerHandle, WorkerState, first_line
 from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
+from rlboost.hybrid.sibling_relay import SiblingRelay
 from rlboost.hybrid.step_report import StepReport
 from rlboost.hybrid.streams import ReportReader, TurnPacer
 from rlboost.hybrid.token_ledger import ledger_path, read_ledger
@@ -68,8 +69,11 @@ class StepRun:
 
     def __init__(self, table: WorkerTable, reader: ReportReader, pulls: PullTracker, policies: StepPolicies,
                  cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
-                 seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None):
-        """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends."""
+                 seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None,
+                 sibling_tokens_per_step: int = 0):
+        """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends.
+        `sibling_tokens_per_step` > 0: forward each worker the tokens of its groups' samples running
+        elsewhere, up to that many per worker (`rlboost.hybrid.sibling_relay`)."""
         self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
         self.groups_by_index = {g.index: g for g in groups}
@@ -92,6 +96,8 @@ class StepRun:
         self._submits: dict[object, WorkerHandle] = {}
         self._aborts: dict[object, tuple[int, WorkerHandle, float]] = {}
         self._history_sent: set[tuple[str, int]] = set()  # (worker, group index)
+        self.siblings = SiblingRelay(sibling_tokens_per_step, groups) if sibling_tokens_per_step > 0 else None
+        """Sibling progress across instances (HistoSpec); None: off."""
         self._reader = reader
         self._pacer = TurnPacer(self.cfg.manager_cpu_share)
         self._liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
@@ -242,6 +248,8 @@ class StepRun:
                     break
                 self._receive()
                 self._collect_answers()
+                if self.siblings is not None:
+                    self.siblings.relay(state.tracked, self.table.get)
                 self._execute(state.take_commands())  # finished groups go to the trainer at once
                 self._reader.turn_s = self._pacer.gap(time.thread_time() - turn_cpu)
         except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
@@ -282,6 +290,8 @@ class StepRun:
         for c in report.chunks:  # a fenced worker's are counted and dropped by the state
             state.chunk(h.name, c.request_id, c.offset, len(c.token_ids), c.weight_version, c.finished, now,
                         c.finish_reason, c.token_ids, c.logprobs)
+            if self.siblings is not None and (track := state.tracked.get(c.request_id.rpartition("#")[0])):
+                self.siblings.tokens_of(track.group)
 
     def _progress(self, name: str) -> dict[str, int]:
         """The StepState's `progress`: the tokens each of the worker's requests had generated, as its last
@@ -334,11 +344,15 @@ class StepRun:
         else:
             for ref in refs:
                 del self._submits[ref]
+                if self.siblings is not None:
+                    self.siblings.acknowledged(ref)
             return
         for ref in refs:
             h = self._submits.pop(ref)
             try:
                 ray.get(ref)
+                if self.siblings is not None:
+                    self.siblings.acknowledged(ref)
             except ray.exceptions.RayActorError as e:
                 self.table.declare_dead(h, f"it died: {first_line(e)}", time.monotonic())
             except ray.exceptions.RayTaskError as e:  # the engine refused a request: a bug, not a death
@@ -373,7 +387,10 @@ class StepRun:
             sample = self.state.tracked[r.uid].sample
             params = dataclasses.replace(self.params, seed=sample.seed, max_tokens=self.params.max_tokens - r.held)
             requests.append((r.request_id, sample.prompt_ids + sample.response_ids, params, len(sample.prompt_ids)))
-        self._submits[h.actor.submit.remote(requests, self._histories_for(h, command))] = h
+        ref = h.actor.submit.remote(requests, self._histories_for(h, command))
+        self._submits[ref] = h
+        if self.siblings is not None:
+            self.siblings.submitted(ref, [(r.request_id, self.state.tracked[r.uid].group) for r in command.requests])
 
     def _histories_for(self, h: WorkerHandle, command: Submit) -> list | None:
         """The drafting history of the prompts submitted to `h` that it has not been sent this step."""

@@ -17,8 +17,10 @@ Contract (DESIGN.md 2.2):
   meanwhile (invariant 4: at most (max_unacked_reports + 1) x stream_interval per request).
   A report holding only finished requests' last chunks (which never grow) may wait for the next one,
   up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
-- `submit`, `abort` and `pull` are control calls, run between engine steps (they take the engine
-  lock). `abort` returns each request's exact partial output.
+- `submit`, `abort`, `siblings` and `pull` are control calls, run between engine steps (they take the
+  engine lock). `abort` returns each request's exact partial output. `siblings` hands the drafter
+  tokens of samples of its requests' groups that run on other workers (HistoSpec across instances,
+  `rlboost.hybrid.sibling_relay`); it never changes what is generated, only what is drafted.
 - A worker starts with its model's architecture and no trained weights (version -1); `pull` reaches a
   published version (in full, by a patch from the version it serves, or from the base model on its
   disk: `rlboost.cluster.host_copy`), verifies every bucket and only then swaps it in (invariant 5); a
@@ -127,6 +129,17 @@ class RolloutWorker:
             for request_id, token_ids, params, prompt_len in requests:
                 self.engine.add(request_id, token_ids, params, prompt_len=prompt_len)
             self._cv.notify_all()
+
+    def siblings(self, forwards: list[tuple[str, str, int, list[int]]]) -> int:
+        """forwards: (request id here, the sibling's key, offset in the sibling's response, its tokens
+        from there), for the request's group in the drafter (`SuffixDrafter.add_sibling`). Returns how
+        many tokens were new (counted in `spec_stats().sibling_tokens`)."""
+        with self._cv:
+            if self.engine.drafter is None:
+                return 0
+            taken = sum(self.engine.drafter.add_sibling(*forward) for forward in forwards)
+            self.engine.spec_stats.sibling_tokens += taken
+            return taken
 
     def spec_stats(self) -> SpecStats:
         """The speculation counters since the last call (HistoSpec), reset."""
