@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rlboost.histospec.history import HistoryStore, prompt_key
+from rlboost.histospec.history import HistoryStore, PromptCache
 
 
 DRAFTERS = ("ngram", "suffix")
@@ -138,8 +138,7 @@ class Drafter:
         self.store = store
         self.config = config or DraftConfig()
         self.config.validate()
-        # key -> (prompt ids, index); the ids guard against a key collision between prompts.
-        self._indexes: dict[str, tuple[tuple[int, ...], SuffixIndex | None]] = {}
+        self._indexes = PromptCache(store, self._build_index)
         self._generation = 0
         self._requests: dict[str, _Request] = {}
 
@@ -183,20 +182,11 @@ class Drafter:
 
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
         """The store changed: rebuild the indexes of `prompts` (None: of every prompt) when next used."""
-        if prompts is None:
-            self._indexes.clear()
-        else:
-            for prompt in prompts:
-                self._indexes.pop(prompt_key(prompt), None)
+        self._indexes.invalidate(prompts)
         self._generation += 1
 
     def _index_for(self, prompt: tuple[int, ...]) -> SuffixIndex | None:
-        key = prompt_key(prompt)
-        cached = self._indexes.get(key)
-        if cached is not None and cached[0] == prompt:
-            return cached[1]
-        responses = self.store.responses(prompt)
-        index = (SuffixIndex(responses, self.config.min_order, self.config.max_order, prefix=prompt)
-                 if responses else None)
-        self._indexes[key] = (prompt, index)
-        return index
+        return self._indexes.get(prompt)
+
+    def _build_index(self, prompt: tuple[int, ...], responses: list[list[int]]) -> SuffixIndex:
+        return SuffixIndex(responses, self.config.min_order, self.config.max_order, prefix=prompt)

@@ -10,6 +10,8 @@ Contract:
   least-recently-updated first (lookups do not refresh a prompt).
 - `state_dict()` is plain JSON-serialisable data in eviction order; `load_state_dict` restores it
   exactly (then applies this store's own bound).
+- `PromptCache(store, build)`: what a drafter builds from a prompt's responses, kept per prompt
+  until invalidated (both drafters use one).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -25,6 +27,34 @@ def prompt_key(prompt_ids: Sequence[int]) -> str:
     """A stable hash of a prompt's token ids (int32 little-endian, blake2b, 16-byte hex digest)."""
     packed = struct.pack(f"<{len(prompt_ids)}i", *prompt_ids)
     return hashlib.blake2b(packed, digest_size=16).hexdigest()
+
+
+class PromptCache:
+    """What a drafter builds from one prompt's history (an index, a trie), built by `build(prompt,
+    responses)` when first asked for and kept until `invalidate` (the store changed). Keyed by
+    `prompt_key`, with the ids kept beside to guard against a key collision."""
+
+    def __init__(self, store: "HistoryStore", build: Callable[[tuple[int, ...], list[list[int]]], object]):
+        self.store, self.build = store, build
+        self._built: dict[str, tuple[tuple[int, ...], object | None]] = {}
+
+    def get(self, prompt: tuple[int, ...]):
+        """The built value for `prompt`; None where the store has no response of it."""
+        cached = self._built.get(prompt_key(prompt))
+        if cached is not None and cached[0] == prompt:
+            return cached[1]
+        responses = self.store.responses(prompt)
+        built = self.build(prompt, responses) if responses else None
+        self._built[prompt_key(prompt)] = (prompt, built)
+        return built
+
+    def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
+        """Rebuild the values of `prompts` (None: of every prompt) when next asked for."""
+        if prompts is None:
+            self._built.clear()
+        else:
+            for prompt in prompts:
+                self._built.pop(prompt_key(prompt), None)
 
 
 @dataclass

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rlboost.histospec.drafter import DraftConfig
-from rlboost.histospec.history import HistoryStore, prompt_key
+from rlboost.histospec.history import HistoryStore, PromptCache
 from rlboost.histospec.suffix_tree import Candidate, SuffixTrie
 
 SOURCES = ("own", "siblings", "history")
@@ -82,7 +82,7 @@ class SuffixDrafter:
         if unknown or not sources:
             raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {list(sources)}")
         self.sources = tuple(s for s in SOURCES if s in sources)
-        self._histories: dict[str, tuple[tuple[int, ...], SuffixTrie | None]] = {}
+        self._histories = PromptCache(store, self._history_trie)
         self._groups: dict[tuple[tuple[int, ...], int], _Group] = {}
         self._generation = 0
         self._requests: dict[str, _Request] = {}
@@ -156,11 +156,7 @@ class SuffixDrafter:
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
         """The store changed (a step ended): rebuild the history tries of `prompts` (None: all) when
         next used; requests started from now on form new sibling groups."""
-        if prompts is None:
-            self._histories.clear()
-        else:
-            for prompt in prompts:
-                self._histories.pop(prompt_key(prompt), None)
+        self._histories.invalidate(prompts)
         self._generation += 1
 
     # ---- the sources --------------------------------------------------------------------------
@@ -185,20 +181,12 @@ class SuffixDrafter:
             req.group_indexed = len(output)
             return req.group.trie
         if req.generation != self._generation:
-            req.history, req.generation = self._history_for(req.prompt), self._generation
+            req.history, req.generation = self._histories.get(req.prompt), self._generation
         return req.history
 
-    def _history_for(self, prompt: tuple[int, ...]) -> SuffixTrie | None:
-        key = prompt_key(prompt)
-        cached = self._histories.get(key)
-        if cached is not None and cached[0] == prompt:  # the ids guard against a key collision
-            return cached[1]
-        responses = self.store.responses(prompt)
-        trie = None
-        if responses:
-            trie = SuffixTrie(self.config.suffix_max_depth)
-            after_prompt = trie.extend(self._tail(prompt), trie.start())
-            for response in responses:
-                trie.extend(response, list(after_prompt))
-        self._histories[key] = (prompt, trie)
+    def _history_trie(self, prompt: tuple[int, ...], responses: list[list[int]]) -> SuffixTrie:
+        trie = SuffixTrie(self.config.suffix_max_depth)
+        after_prompt = trie.extend(self._tail(prompt), trie.start())
+        for response in responses:
+            trie.extend(response, list(after_prompt))
         return trie
