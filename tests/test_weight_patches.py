@@ -17,9 +17,9 @@ from hybrid_util import patience
 from rlboost.cluster import patches
 from rlboost.cluster import weights as ws
 from rlboost.cluster.config import WeightsConfig
-from rlboost.cluster.host_copy import HostCopy
+from rlboost.cluster.host_copy import HostCopy, base_reader
 from rlboost.cluster.publisher import Publisher
-from rlboost.models import tiny_model
+from rlboost.models import ModelConfig, tiny_model
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -180,6 +180,17 @@ def test_a_joiner_reaches_the_version_from_its_base():
     at_base = HostCopy(load_base=lambda: base).pull(m0, m0.fingerprint, 30)
     assert at_base.result.mode == "from_base" and at_base.result.nbytes == 0
     assert_bit_identical(at_base, m0)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_base_read_in_the_serving_dtype_is_the_runs_base(family):
+    # a worker reads its base in the dtype it serves (nothing cast twice, half the bytes to build): the
+    # bytes must be those of the trainer's fp32 model cast at publish, or every join pulls in full
+    model = ModelConfig(path=f"tiny:{family}")
+    m = Publisher(WeightsConfig(bucket_mb=0.02), "bfloat16").publish(
+        list(base_reader(model)().items()), 0).manifest
+    reached = HostCopy(base_reader(dataclasses.replace(model, dtype="bfloat16"))).pull(m, m.fingerprint, 30)
+    assert reached.result.mode == "from_base" and reached.result.nbytes == 0, reached.result.note
 
 
 def test_a_resumed_run_offers_its_joiners_a_patch_from_the_model_on_their_disk():

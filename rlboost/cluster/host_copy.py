@@ -12,6 +12,8 @@ or None for "all", and a `PullResult` saying how it got there). In order of pref
 3. `full`: every bucket fetched (`weights.pull`).
 Every bucket reached by a patch must match its CRC-32 in the manifest, so the result is bit-identical
 to a full pull; a torn, corrupted or unfetchable patch drops the copy and the pull goes on in full.
+Buckets are packed, patched and checksummed on a few threads (`_THREADS`): numpy, zstd, zlib and
+torch's casts release the GIL, and a join waits on these seconds.
 With `manifest.patching` it keeps a writable copy of what it reached (one more model in host memory);
 otherwise none, and the next pull is full. It also keeps what it fetched (buckets or patch parts) until
 the next pull, so this node's object store can serve them to peers.
@@ -20,10 +22,12 @@ Torch is imported only to read the base model.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +36,9 @@ from rlboost.cluster import patches
 from rlboost.cluster.manifest import PatchSet, PullResult, WeightManifest, version_checksum
 from rlboost.cluster.weights import PulledWeights, WeightError, pull
 from rlboost.models.config import ModelConfig
+
+_THREADS = min(4, os.cpu_count() or 1)
+"""Threads that pack, patch and checksum buckets side by side (more gain little: memory bandwidth)."""
 
 
 @dataclass
@@ -91,7 +98,7 @@ class HostCopy:
             self.arrays = pack(self.load_base(), m)
         except (OSError, ValueError, WeightError) as e:
             return f"the base model could not be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
-        base = version_checksum(zlib.crc32(a) for a in self.arrays)
+        base = version_checksum(_map(zlib.crc32, self.arrays))
         if base == m.checksum:
             return self._kept(m, None, PullResult(m.version, m.checksum, 0, time.perf_counter() - t0, "from_base"))
         if patch is None or patch.from_checksum != base:
@@ -108,13 +115,15 @@ class HostCopy:
         if len(ready) < len(patch.parts):
             raise WeightError(f"timed out after {timeout_s}s ({len(ready)} of {len(patch.parts)} parts arrived)")
         parts = ray.get(patch.parts)
-        changed: set[str] = set()
+
+        def patched(bucket, buf, part) -> set[str]:
+            where = patches.apply(buf, part)
+            if zlib.crc32(buf) != bucket.crc32:
+                raise WeightError("a patched bucket failed its checksum (a patch for other bytes, or corrupted)")
+            return _names_at(bucket, where)
+
         try:
-            for bucket, buf, part in zip(m.buckets, self.arrays, parts):
-                where = patches.apply(buf, part)
-                if zlib.crc32(buf) != bucket.crc32:
-                    raise WeightError("a patched bucket failed its checksum (a patch for other bytes, or corrupted)")
-                changed |= _names_at(bucket, where)
+            changed = set().union(*_map(patched, m.buckets, self.arrays, parts))
         except BaseException:
             self.arrays, self.held = None, None  # half patched: nothing to build on
             raise
@@ -140,6 +149,12 @@ def _prefetch(refs: list, timeout_s: float) -> None:
                      kwargs={"num_returns": len(refs), "timeout": timeout_s, "fetch_local": True}).start()
 
 
+def _map(fn, *iterables) -> list:
+    """`list(map(fn, *iterables))` on `_THREADS` threads (the first error raised, as `map` would)."""
+    with ThreadPoolExecutor(_THREADS, thread_name_prefix="host-copy") as pool:
+        return list(pool.map(fn, *iterables))
+
+
 def _names_at(bucket, where: np.ndarray) -> set[str]:
     """The tensors of `bucket` holding any of the element indices `where`."""
     if where.size == 0:
@@ -154,8 +169,7 @@ def pack(state: Mapping[str, object], m: WeightManifest) -> list[np.ndarray]:
     is compared with the run's, and how the publisher of a resumed run makes its base)."""
     import torch
 
-    arrays = []
-    for bucket in m.buckets:
+    def packed(bucket) -> np.ndarray:
         flat = np.empty(bucket.nbytes, dtype=np.uint8)
         for s in bucket.tensors:
             if s.name not in state:
@@ -164,13 +178,16 @@ def pack(state: Mapping[str, object], m: WeightManifest) -> list[np.ndarray]:
             if tuple(t.shape) != s.shape:
                 raise WeightError(f"the base model's {s.name} has shape {tuple(t.shape)}, the run's {s.shape}")
             flat[s.offset:s.offset + s.nbytes] = t.view(-1).view(torch.uint8).numpy()
-        arrays.append(flat)
-    return arrays
+        return flat
+
+    return _map(packed, m.buckets)
 
 
 def base_reader(model: ModelConfig) -> Callable[[], dict]:
-    """Reads `model` (the run's `model.path`) from this machine's disk, in the model's dtype (`pack`
-    casts it as the trainer's weights are cast: the same bytes, whatever dtype the engine serves)."""
+    """Reads `model` (the run's `model.path`) from this machine's disk, in `model.dtype`. `pack` casts it
+    as the trainer's weights are cast; a worker reads it in the dtype it serves, the one weights travel
+    in, so nothing is cast twice: a model loaded in bf16 has the bits of the fp32 one cast to bf16 (de-
+    quantized GGUF and tiny models alike; the checksum refuses a base where that would not hold)."""
 
     def read() -> dict:
         from rlboost.models import load_model

@@ -30,6 +30,7 @@ Contract (DESIGN.md 2.2):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import time
@@ -93,7 +94,8 @@ class RolloutWorker:
         self.engine = (spec.engine_factory or configured_engine)(spec)
         self.fingerprint = self.engine.fingerprint
         self.checksum = ""
-        self.host = HostCopy(base_reader(spec.model) if spec.join_from_base else None)
+        serving = dataclasses.replace(spec.model, dtype=spec.engine.serving_dtype(spec.model.dtype))
+        self.host = HostCopy(base_reader(serving) if spec.join_from_base else None)
         """The version served, as bytes patches apply to; it keeps what it fetched for peers to fetch."""
         self.history = None
         if spec.histospec is not None:
