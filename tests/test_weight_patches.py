@@ -249,7 +249,7 @@ def test_patches_that_would_not_pay_are_not_offered():
 def test_without_patches_nothing_is_kept():
     publisher = Publisher(WeightsConfig(bucket_mb=0.02, patches=False), "bfloat16")
     state = params()
-    m0 = publisher.publish(list(state.items()), 0).manifest
+    publisher.publish(list(state.items()), 0)
     m1 = publisher.publish(list(step(state, 1e-5, 1).items()), 1).manifest
     assert m1.patches == [] and not m1.patching and publisher._prev is None
 
