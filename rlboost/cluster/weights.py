@@ -19,7 +19,7 @@ Contract (DESIGN.md 2.5, invariant 5):
   them even after the object is complete. So `pull` fetches the buckets in groups sized to arrive
   within half that timeout at the rate measured so far (`window_bytes`, `next_group`): one bucket
   first, then as many as the link carries in time (all at once on a fast link). A single bucket
-  slower than the timeout (64 MiB below about 55 Mbit/s) is still sent more than once.
+  slower than the timeout (64 MiB on a link under about 54 Mbit/s) is still sent more than once.
 - Peer to peer: a bucket a worker fetched is a copy in its node's object store, and Ray's object
   manager serves later fetches from any node holding a copy, so joiners do not all queue on the
   trainer's node. On one machine with `instances=processes` every worker maps the same store.
