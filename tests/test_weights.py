@@ -91,6 +91,20 @@ def test_a_pull_that_cannot_complete_times_out():
         ws.pull(stuck, ws.fingerprint(state), timeout_s=0.5)
 
 
+def test_a_pull_fetches_what_arrives_within_half_of_rays_pull_timeout_at_once():
+    """Ray asks again for an object not there after its pull timeout, and the sender then sends all of
+    it again: a group of buckets must arrive well within it (tests/in_room/room_weight_pull.py)."""
+    mib, sizes = 2**20, [64 * 2**20] * 4 + [2**20]
+    assert ws.window_bytes(0, 0.0, 10.0) == 0.0  # nothing measured yet: one bucket
+    assert ws.next_group(sizes, 0, 0.0) == 1
+    at_100mbit = ws.window_bytes(64 * mib, 64 * mib * 8 / 1e8, 10.0)  # 62.5 MB: under a bucket
+    assert at_100mbit == pytest.approx(1e8 / 8 * 5) and ws.next_group(sizes, 1, at_100mbit) == 2
+    at_1gbit = ws.window_bytes(64 * mib, 64 * mib * 8 / 1e9, 10.0)  # 625 MB: the rest at once
+    assert ws.next_group(sizes, 1, at_1gbit) == len(sizes)
+    assert ws.next_group(sizes, 3, 65 * mib) == 5  # a small last bucket joins the one before
+    assert ws.next_group(sizes, 4, 10 * 64 * mib) == 5
+
+
 def test_config_errors_name_the_field():
     for field, value in (("bucket_mb", 0), ("pull_timeout_s", -1), ("pull_retries", -1)):
         with pytest.raises(ValueError, match=f"cluster.weights.{field}"):

@@ -13,6 +13,13 @@ Contract (DESIGN.md 2.5, invariant 5):
   an error and nothing is loaded: a worker either serves a complete, verified version or keeps the
   one it had (which the manager does not dispatch to).
 - The manifest is `rlboost.cluster.manifest`'s torch-free types.
+- Each byte crosses the link once: Ray's object manager asks again for an object that has not arrived
+  within its pull timeout (`object_manager_pull_timeout_ms`, 10 s, doubling after each try), and
+  the sender then queues every chunk of the object again, also those already delivered, and sends
+  them even after the object is complete. So `pull` fetches the buckets in groups sized to arrive
+  within half that timeout at the rate measured so far (`window_bytes`, `next_group`): one bucket
+  first, then as many as the link carries in time (all at once on a fast link). A single bucket
+  slower than the timeout (64 MiB on a link under about 54 Mbit/s) is still sent more than once.
 - Peer to peer: a bucket a worker fetched is a copy in its node's object store, and Ray's object
   manager serves later fetches from any node holding a copy, so joiners do not all queue on the
   trainer's node. On one machine with `instances=processes` every worker maps the same store.
@@ -20,6 +27,7 @@ Contract (DESIGN.md 2.5, invariant 5):
 
 from __future__ import annotations
 
+import time
 import warnings
 import zlib
 from collections.abc import Iterator, Mapping
@@ -172,18 +180,54 @@ def pull(manifest: WeightManifest, expected_fingerprint: str, timeout_s: float) 
     if manifest.fingerprint != expected_fingerprint:
         raise WeightError(f"version {manifest.version} is for model {manifest.fingerprint}, this worker "
                           f"serves model {expected_fingerprint}")
-    # One wait for all buckets: Ray then fetches them side by side (waiting for one bucket at a time
-    # measured twice as slow on a node-to-node transfer).
-    refs = [b.ref for b in manifest.buckets]
-    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-    if len(ready) < len(refs):
-        raise WeightError(f"pull of version {manifest.version} timed out after {timeout_s}s "
-                          f"({len(ready)} of {len(refs)} buckets arrived)")
-    arrays = ray.get(refs)
+    refs, sizes = [b.ref for b in manifest.buckets], [b.nbytes for b in manifest.buckets]
+    retry_s, arrays, t0 = _ray_pull_retry_s(), [], time.monotonic()
+    # A group's buckets are fetched side by side (one at a time measured twice as slow node to node);
+    # each group is waited for whole, so no pull is cancelled and asked again
+    while len(arrays) < len(refs):
+        start = len(arrays)
+        end = next_group(sizes, start, window_bytes(sum(sizes[:start]), time.monotonic() - t0, retry_s))
+        left = max(0.0, timeout_s - (time.monotonic() - t0))
+        ready, _ = ray.wait(refs[start:end], num_returns=end - start, timeout=left)
+        if len(ready) < end - start:
+            raise WeightError(f"pull of version {manifest.version} timed out after {timeout_s}s "
+                              f"({start + len(ready)} of {len(refs)} buckets arrived)")
+        arrays.extend(ray.get(refs[start:end]))  # held now: the store may not evict them before the end
     for bucket, flat in zip(manifest.buckets, arrays):
         if flat.nbytes != bucket.nbytes or zlib.crc32(flat) != bucket.crc32:
             raise WeightError(f"version {manifest.version}: a bucket failed its checksum (torn or corrupted)")
     return PulledWeights(manifest, arrays)
+
+
+IN_TIME_SHARE = 0.5
+"""A group of buckets is sized to arrive within this share of Ray's pull timeout (a margin for a rate
+that drops, e.g. when more hosts start pulling from the same source)."""
+
+
+def window_bytes(arrived_bytes: int, elapsed_s: float, retry_s: float) -> float:
+    """The bytes to fetch at once so that they arrive within `IN_TIME_SHARE` of `retry_s` (Ray's pull
+    timeout) at the rate measured so far (`arrived_bytes` in `elapsed_s`); 0 (one bucket) before any
+    bucket arrived."""
+    if arrived_bytes <= 0 or elapsed_s <= 0:
+        return 0.0
+    return arrived_bytes / elapsed_s * retry_s * IN_TIME_SHARE
+
+
+def next_group(sizes: list[int], start: int, window: float) -> int:
+    """The end (exclusive) of the group fetched together from bucket `start`: the buckets that fit in
+    `window` bytes, at least one."""
+    end, total = start + 1, sizes[start]
+    while end < len(sizes) and total + sizes[end] <= window:
+        total += sizes[end]
+        end += 1
+    return end
+
+
+def _ray_pull_retry_s() -> float:
+    """Ray's `object_manager_pull_timeout_ms` as this process's Ray runs with it, in seconds."""
+    from ray._raylet import Config
+
+    return Config.object_manager_pull_timeout_ms() / 1000
 
 
 def _bytes_of(t) -> np.ndarray:
@@ -193,4 +237,4 @@ def _bytes_of(t) -> np.ndarray:
 
 
 __all__ = ["Bucket", "Published", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest", "WeightsConfig", "fingerprint",
-           "plan_buckets", "publish", "publish_gathered", "pull", "version_checksum"]
+           "next_group", "plan_buckets", "publish", "publish_gathered", "pull", "version_checksum", "window_bytes"]
