@@ -223,11 +223,19 @@ def next_group(sizes: list[int], start: int, window: float) -> int:
     return end
 
 
-def _ray_pull_retry_s() -> float:
-    """Ray's `object_manager_pull_timeout_ms` as this process's Ray runs with it, in seconds."""
-    from ray._raylet import Config
+RAY_PULL_TIMEOUT_S = 10.0
+"""Ray's default `object_manager_pull_timeout_ms`, for a Ray that does not say its own."""
 
-    return Config.object_manager_pull_timeout_ms() / 1000
+
+def _ray_pull_retry_s() -> float:
+    """Ray's `object_manager_pull_timeout_ms` as this process's Ray runs with it, in seconds (a private
+    API: where it is gone, Ray's default)."""
+    try:
+        from ray._raylet import Config
+
+        return Config.object_manager_pull_timeout_ms() / 1000
+    except (ImportError, AttributeError):
+        return RAY_PULL_TIMEOUT_S
 
 
 def _bytes_of(t) -> np.ndarray:
