@@ -79,10 +79,13 @@ class EngineConfig:
     compiled mode took minutes to start on a CPU and was not faster); set False on a GPU for speed."""
 
     def check_histospec(self, enabled: bool) -> None:
-        """HistoSpec's drafts are verified by rlboost's engine only: refuse the pair by name."""
-        if enabled and self.backend != "rlboost":
-            raise ValueError(f"rollout.histospec.enabled needs engine.backend=rlboost: {self.backend} does not verify "
-                             "HistoSpec's drafts")
+        """HistoSpec's drafts are verified by rlboost's engine, or by vLLM through its proposer, which
+        calls the drafter in the engine's own process: refuse vLLM spread over tensor-parallel
+        processes (their proposers cannot reach it) by name."""
+        if enabled and self.backend == "vllm" and self.vllm_tensor_parallel_size > 1:
+            raise ValueError("rollout.histospec.enabled with engine.backend=vllm needs engine.vllm_tensor_parallel_size=1 "
+                             f"(got {self.vllm_tensor_parallel_size}): vLLM's tensor-parallel workers run in other "
+                             "processes, where HistoSpec's drafter cannot answer their proposers")
 
     def serving_dtype(self, model_dtype: str) -> str:
         """The dtype engines serve in, for a model loaded in `model_dtype`."""

