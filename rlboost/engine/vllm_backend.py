@@ -72,7 +72,8 @@ from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
-from rlboost.engine.vllm_drafts import DraftRelay, bind_proposer, fix_cpu_rejection_sampler, speculative_config
+from rlboost.engine.vllm_drafts import (DraftRelay, VllmSpecCounts, bind_proposer, fix_cpu_rejection_sampler,
+                                        spec_counter, speculative_config)
 from rlboost.policies.spec_budget import SpecBudget
 from rlboost.run_log import VLLM_MESSAGES, route_library_logger
 
@@ -106,15 +107,22 @@ def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
 class VllmEngine:
     """An `EngineBackend` over a vLLM engine loading the HF folder `model_path` (see the module docstring).
     `eos_token_ids` end responses by default; `weight_version` tags the weights it starts with;
-    `draft_tokens` > 0 lets vLLM verify that many tokens of the drafter's drafts per step."""
+    `draft_tokens` > 0 lets vLLM verify that many tokens of the drafter's drafts per step;
+    `vllm_speculative` instead runs one of vLLM's own methods (its `speculative_config`, e.g.
+    `{"method": "ngram", "num_speculative_tokens": 4}`: benches compare them). `vllm_spec` counts what
+    vLLM verified either way."""
 
     exact_continuation = False
     """Sampled continuation is valid, not exact (module docstring); greedy continuation is exact."""
 
     def __init__(self, model_path: str | Path, config: EngineConfig | None = None, eos_token_ids: Iterable[int] = (),
-                 weight_version: int = 0, dtype: str = "float32", num_threads: int = 1, draft_tokens: int = 0):
+                 weight_version: int = 0, dtype: str = "float32", num_threads: int = 1, draft_tokens: int = 0,
+                 vllm_speculative: Mapping[str, object] | None = None):
         self.config = config = config or EngineConfig(backend="vllm")
         config.validate()
+        if draft_tokens > 0 and vllm_speculative:
+            raise ValueError("VllmEngine: draft_tokens (HistoSpec's drafts) and vllm_speculative (vLLM's own) "
+                             "exclude each other")
         _set_vllm_env(config, num_threads)
         try:
             import transformers
@@ -145,14 +153,18 @@ class VllmEngine:
             enable_chunked_prefill=_generators_rewind(current_platform),
             enable_sleep_mode=self.frees_memory_on_sleep,
             use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
-            speculative_config=speculative_config(draft_tokens) if draft_tokens > 0 else None,
+            speculative_config=speculative_config(draft_tokens) if draft_tokens > 0 else (
+                dict(vllm_speculative) if vllm_speculative else None),
         )
-        self._engine = LLMEngine.from_engine_args(args)
+        self.vllm_spec = VllmSpecCounts()
+        """What vLLM verified since the engine started, whichever proposer drafted."""
+        self._engine = LLMEngine.from_engine_args(args, stat_loggers=[spec_counter(self.vllm_spec)])
         self.draft_tokens = draft_tokens
         self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch), SpecStats())
         if draft_tokens > 0:
             if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
                 raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
+        if draft_tokens > 0 or vllm_speculative:
             fix_cpu_rejection_sampler()
         self.weight_version = weight_version
         self.asleep = False
@@ -174,6 +186,15 @@ class VllmEngine:
             raise ValueError("this vLLM engine verifies no drafts: build it with draft_tokens > 0 "
                              "(make_engine(..., draft_tokens=rollout.histospec.max_draft))")
         self._relay.drafter = drafter
+
+    @property
+    def spec_budget(self) -> SpecBudget:
+        """When to speculate (`engine.spec_max_batch`, measured step times), as rlboost's engine has it."""
+        return self._relay.budget
+
+    @spec_budget.setter
+    def spec_budget(self, budget: SpecBudget) -> None:
+        self._relay.budget = budget
 
     @property
     def spec_stats(self) -> SpecStats:

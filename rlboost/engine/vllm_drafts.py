@@ -140,6 +140,38 @@ def bind_proposer(worker, relay: DraftRelay) -> bool:
     return True
 
 
+@dataclass
+class VllmSpecCounts:
+    """vLLM's own speculative-decoding counters, whichever proposer drafted (HistoSpec's or one of
+    vLLM's methods): per step, the requests that verified a draft, their draft tokens, the accepted ones."""
+
+    drafts: int = 0
+    draft_tokens: int = 0
+    accepted: int = 0
+
+
+def spec_counter(counts: VllmSpecCounts):
+    """A vLLM stat-logger factory (`LLMEngine.from_engine_args(stat_loggers=[...])`) adding each step's
+    spec-decoding stats to `counts`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SpecCounter(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+            if spec is not None:
+                counts.drafts += spec.num_drafts
+                counts.draft_tokens += spec.num_draft_tokens
+                counts.accepted += spec.num_accepted_tokens
+
+        def log_engine_initialized(self):
+            pass
+
+    return SpecCounter
+
+
 EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
 
 
