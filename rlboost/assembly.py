@@ -244,11 +244,13 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         return HybridRollout(h, cluster, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s())
-    engine = make_engine(cfg.model, cfg.engine, eos_token_ids, weights=weights, version=version)
+    histospec = cfg.rollout.histospec
+    engine = make_engine(cfg.model, cfg.engine, eos_token_ids, weights=weights, version=version,
+                         draft_tokens=histospec.max_draft if histospec.enabled else 0)
     history = None
-    if cfg.rollout.histospec.enabled:
-        history = HistoryStore(cfg.rollout.histospec.history_max_tokens)
-        engine.drafter = make_drafter(history, cfg.rollout.histospec)
+    if histospec.enabled:
+        history = HistoryStore(histospec.history_max_tokens)
+        engine.drafter = make_drafter(history, histospec)
     return ColocatedRollout(engine, history, histopipe)
 
 

@@ -137,12 +137,16 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
     validate(load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "data.train_batch_size=4"]))
 
 
-def test_histospec_on_the_vllm_backend_is_refused_before_anything_starts():
+def test_histospec_on_vllm_is_refused_only_across_tensor_parallel_processes():
+    """vLLM verifies HistoSpec's drafts in the engine's process; its tensor-parallel workers run in
+    others, where the drafter cannot answer: that pair is refused before anything starts."""
     from rlboost.assembly import validate
 
-    cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"])
-    with pytest.raises(ConfigError, match="rollout.histospec.enabled needs engine.backend=rlboost: vllm does not "
-                                          "verify HistoSpec's drafts"):
+    validate(load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"]))
+    cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true",
+                                                "engine.vllm_tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="rollout.histospec.enabled with engine.backend=vllm needs "
+                                          "engine.vllm_tensor_parallel_size=1 \\(got 2\\)"):
         validate(cfg)
 
 

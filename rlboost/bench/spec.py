@@ -13,6 +13,12 @@ same for both). `accepted_per_verify` is the mean accepted draft tokens per requ
 off where it measures it slower); `identical` the share of responses equal to the plain ones.
 Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`).
 
+`backends`: `rlboost` (rlboost's engine verifies the drafts) and/or `vllm` (vLLM installed: plain vLLM
+against vLLM verifying the same drafter's drafts on the same histories, `rlboost.bench.spec_vllm`,
+plus vLLM's own `vllm_methods` against the same plain vLLM). Each row names its `backend`. On vLLM,
+seeded sampled requests are the same sample only up to their first verified draft (vLLM's rejection
+sampler draws noise of its own), so `identical` counts for greedy rows there.
+
 `--record FILE` and `--replay FILE` measure the drafters' acceptance on recorded RL histories instead,
 without timing (`rlboost.bench.spec_replay`).
 """
@@ -30,8 +36,9 @@ from rich.table import Table
 
 from rlboost.data import arithmetic_rows
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
-from rlboost.engine.protocol import SpecStats
+from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.bench.grpo import chat_prompts, grpo_steps
+from rlboost.bench.spec_vllm import BACKENDS, VllmEngines, check_vllm_methods
 from rlboost.bench.spec_replay import record_histories, render_replay, replay_result
 from rlboost.data import DatasetError
 from rlboost.histospec import DraftConfig, HistoryStore, make_drafter
@@ -80,6 +87,16 @@ class SpecBenchConfig:
     sibling_tokens_per_step: int = 16384
     """Replay with instances: the most forwarded tokens per engine per step
     (rollout.histospec.sibling_tokens_per_step)."""
+    backends: list[str] = field(default_factory=lambda: ["rlboost"])
+    """Engines that verify the drafts, each against its own plain decoding: `rlboost`, `vllm` (needs
+    vLLM installed)."""
+    vllm_methods: list[str] = field(default_factory=lambda: ["ngram"])
+    """With `vllm`: vLLM's own speculative methods measured beside HistoSpec on vLLM, against the same
+    plain vLLM: `ngram` (prompt lookup in the request's own prompt and output), `suffix` (SuffixDecoding,
+    needs arctic-inference). Empty: none."""
+    vllm_method_tokens: int = 4
+    """Draft tokens vLLM's own methods propose per request and step (HistoSpec's are the drafter's, at
+    most its `max_draft`)."""
 
 
 def bench_spec(cfg: SpecBenchConfig) -> dict:
@@ -90,13 +107,25 @@ def bench_spec(cfg: SpecBenchConfig) -> dict:
         record_histories(cfg, Path(cfg.record))
     if cfg.record or cfg.replay:
         return replay_result(cfg, Path(cfg.record or cfg.replay))
+    unknown = sorted(set(cfg.backends) - set(BACKENDS))
+    if unknown or not cfg.backends:
+        raise DatasetError(f"--backends: unknown {unknown or 'none given'}; valid: {', '.join(BACKENDS)}")
+    if "vllm" in cfg.backends:
+        check_vllm_methods(cfg.vllm_methods)
     loaded = load_model(ModelConfig(path=cfg.model))
     rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
     prompts = chat_prompts(loaded.tokenizer, rows)
     engine_cfg = EngineConfig(device="cpu", max_num_seqs=max(cfg.batches + [cfg.prompts]),
                               spec_max_batch=max(cfg.batches))
     plain = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, engine_cfg, eos_token_ids=loaded.eos_token_ids)
-    spec = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, engine_cfg, eos_token_ids=loaded.eos_token_ids)
+    pairs = {}
+    if "rlboost" in cfg.backends:
+        pairs["rlboost"] = (plain, LLMEngine(load_model(ModelConfig(path=cfg.model)).model, engine_cfg,
+                                             eos_token_ids=loaded.eos_token_ids))
+    vllm = VllmEngines(ModelConfig(path=cfg.model), engine_cfg, loaded.eos_token_ids, cfg.vllm_methods,
+                       cfg.vllm_method_tokens) if "vllm" in cfg.backends else None
+    if vllm is not None:
+        pairs["vllm"] = (vllm.plain, vllm.spec)
 
     stores = {}
     for t in cfg.temperatures:  # the previous epoch: history_samples responses per prompt
@@ -107,57 +136,91 @@ def bench_spec(cfg: SpecBenchConfig) -> dict:
         for i, p in enumerate(prompts):
             store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
 
-    results = [_measure(cfg, "same_weights", plain, spec, prompts, stores)]
-    for grpo in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
-                           max_tokens=cfg.max_tokens, seed=cfg.seed):
-        weights = grpo.weights  # the weights after the last step
-    plain.load_weights(weights, 1)
-    spec.load_weights(weights, 1)
-    results.append(_measure(cfg, "after_training", plain, spec, prompts, stores))
+    try:
+        results = [_measure(cfg, "same_weights", pairs, vllm, prompts, stores)]
+        if cfg.train_steps:
+            for grpo in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
+                                   max_tokens=cfg.max_tokens, seed=cfg.seed):
+                weights = grpo.weights  # the weights after the last step
+            for engine in _engines(pairs, vllm):
+                engine.load_weights(weights, 1)
+            results.append(_measure(cfg, "after_training", pairs, vllm, prompts, stores))
+    finally:
+        if vllm is not None:
+            vllm.shutdown()
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": [r for rs in results for r in rs]}
 
 
-def _measure(cfg, condition, plain, spec, prompts, stores) -> list[dict]:
+def _engines(pairs, vllm) -> list[EngineBackend]:
+    """Every engine measured, once each (rlboost's plain one serves its pair and the GRPO steps)."""
+    engines = {id(e): e for pair in pairs.values() for e in pair}
+    engines.update({id(e): e for e in (vllm.methods.values() if vllm else ())})
+    return list(engines.values())
+
+
+def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
     out = []
-    for t, drafter in itertools.product(cfg.temperatures, cfg.drafters):
-        for batch in cfg.batches:
+    for t, batch in itertools.product(cfg.temperatures, cfg.batches):
+        waves = [[p] for p in prompts[:cfg.batch1_requests]] if batch == 1 else [prompts[:batch]]
+        params = SamplingParams(temperature=t, max_tokens=cfg.max_tokens, seed=cfg.seed + 1)
+        where = {"condition": condition, "temperature": t, "batch": batch}
+        for drafter, (backend, (plain, spec)) in itertools.product(cfg.drafters, pairs.items()):
             spec.drafter = make_drafter(stores[t], DraftConfig(drafter=drafter))
-            waves = [[p] for p in prompts[:cfg.batch1_requests]] if batch == 1 else [prompts[:batch]]
-            params = SamplingParams(temperature=t, max_tokens=cfg.max_tokens, seed=cfg.seed + 1)
-            base_s, base_out = _timed(plain, waves, params)
+            base = _timed(plain, waves, params)
             spec.spec_stats = SpecStats()
-            spec_s, spec_out = _timed(spec, waves, params)
+            timed = _timed(spec, waves, params)
             stats = spec.spec_stats
-            tokens = sum(len(o.token_ids) for o in base_out)
-            spec_tokens = sum(len(o.token_ids) for o in spec_out)
-            out.append({
-                "condition": condition, "temperature": t, "batch": batch, "drafter": drafter,
-                "tokens_per_s_base": tokens / base_s, "tokens_per_s_spec": spec_tokens / spec_s,
-                "speedup": (spec_tokens / spec_s) / (tokens / base_s),
+            out.append(where | {"backend": backend, "drafter": drafter} | _compared(base, timed) | {
                 "accepted_per_verify": stats.accepted / stats.verifications if stats.verifications else 0.0,
-                "spec_step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
-                "identical": sum(a.token_ids == b.token_ids for a, b in zip(base_out, spec_out)) / len(base_out),
-            })
+                "spec_step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0})
+        for method, engine in (vllm.methods.items() if vllm else ()):
+            base = _timed(vllm.plain, waves, params)
+            before = dataclasses.replace(engine.vllm_spec)
+            timed = _timed(engine, waves, params)
+            drafts, accepted = engine.vllm_spec.drafts - before.drafts, engine.vllm_spec.accepted - before.accepted
+            out.append(where | {"backend": "vllm", "drafter": f"vllm:{method}"} | _compared(base, timed) | {
+                "accepted_per_verify": accepted / drafts if drafts else 0.0, "spec_step_fraction": None})
     return out
 
 
-def _timed(engine: LLMEngine, waves, params: SamplingParams):
+def _compared(base: tuple[float, list[list[int]]], spec: tuple[float, list[list[int]]]) -> dict:
+    """Speed and identity of a speculating run against the plain one, from (seconds, responses)."""
+    (base_s, base_out), (spec_s, spec_out) = base, spec
+    base_rate, spec_rate = sum(map(len, base_out)) / base_s, sum(map(len, spec_out)) / spec_s
+    return {"tokens_per_s_base": base_rate, "tokens_per_s_spec": spec_rate, "speedup": spec_rate / base_rate,
+            "identical": sum(a == b for a, b in zip(base_out, spec_out)) / len(base_out)}
+
+
+def _timed(engine: EngineBackend, waves, params: SamplingParams) -> tuple[float, list[list[int]]]:
     outs = []
     t0 = time.perf_counter()
     for wave in waves:
-        outs += engine.generate(wave, [dataclasses.replace(params, seed=params.seed * 7 + i) for i in range(len(wave))])
+        outs += _generate(engine, wave, [dataclasses.replace(params, seed=params.seed * 7 + i) for i in range(len(wave))])
     return time.perf_counter() - t0, outs
+
+
+def _generate(engine: EngineBackend, prompts, params: list[SamplingParams]) -> list[list[int]]:
+    """Run `prompts` to completion on an idle engine (any backend); the responses in prompt order."""
+    ids = [f"bench-{i}" for i in range(len(prompts))]
+    for request_id, prompt, p in zip(ids, prompts, params):
+        engine.add(request_id, prompt, p)
+    out: dict[str, list[int]] = {request_id: [] for request_id in ids}
+    while engine.has_unfinished():
+        for chunk in engine.step():
+            out[chunk.request_id] += chunk.token_ids
+    return [out[request_id] for request_id in ids]
 
 
 def render(result: dict) -> Table:
     if "replay" in result:
         return render_replay(result)
     table = Table(title=f"HistoSpec vs plain decoding, {result['config']['model']}, {result['machine']['cpus']} CPUs")
-    for column in ("condition", "T", "batch", "drafter", "tok/s plain", "tok/s spec", "speed-up", "accepted/step",
-                   "spec steps", "identical"):
+    for column in ("condition", "T", "batch", "backend", "drafter", "tok/s plain", "tok/s spec", "speed-up",
+                   "accepted/step", "spec steps", "identical"):
         table.add_column(column, justify="right")
     for r in result["results"]:
-        table.add_row(r["condition"], f"{r['temperature']:g}", str(r["batch"]), r["drafter"], f"{r['tokens_per_s_base']:.1f}",
-                      f"{r['tokens_per_s_spec']:.1f}", f"{r['speedup']:.2f}x", f"{r['accepted_per_verify']:.2f}",
-                      f"{r['spec_step_fraction']:.0%}", f"{r['identical']:.0%}")
+        steps = r["spec_step_fraction"]
+        table.add_row(r["condition"], f"{r['temperature']:g}", str(r["batch"]), r.get("backend", "rlboost"), r["drafter"],
+                      f"{r['tokens_per_s_base']:.1f}", f"{r['tokens_per_s_spec']:.1f}", f"{r['speedup']:.2f}x",
+                      f"{r['accepted_per_verify']:.2f}", "-" if steps is None else f"{steps:.0%}", f"{r['identical']:.0%}")
     return table

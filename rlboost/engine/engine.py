@@ -210,12 +210,7 @@ class LLMEngine:
 
     def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
         self.spec_budget.observe(batch, seconds, tokens, speculative)
-        self.spec_stats.decode_steps += 1
-        self.spec_stats.verify_steps += speculative
-        plain_step = self.spec_budget.plain_step_s(batch)
-        if speculative and plain_step is not None:  # plain decoding emits `batch` tokens per step
-            self.spec_stats.verify_s += seconds
-            self.spec_stats.plain_equivalent_s += plain_step * tokens / batch
+        self.spec_stats.decode_step(batch, seconds, tokens, speculative, self.spec_budget.plain_step_s(batch))
 
     def _verify(self, batch: list[Sequence], drafts: dict[str, list[int]], width: int) -> list[list[tuple[int, float]]]:
         """One forward over each request's last token plus its draft; returns the tokens to emit.

@@ -1,6 +1,7 @@
 """The rollout engine a config names: the one place that reads `engine.backend`.
 
-Contract: `make_engine(model, engine, eos_token_ids, weights=CHECKPOINT, version=0, num_threads=None)`
+Contract: `make_engine(model, engine, eos_token_ids, weights=CHECKPOINT, version=0, num_threads=None,
+draft_tokens=0)`
 builds an `rlboost.engine.protocol.EngineBackend` in this process:
 - The engine holds its weights in `engine.dtype` (`auto`: `model.dtype`).
 - `engine.backend=rlboost`: rlboost's `LLMEngine` on `model`'s architecture; `vllm`: `VllmEngine`
@@ -10,6 +11,9 @@ builds an `rlboost.engine.protocol.EngineBackend` in this process:
   before its first pull: rlboost's engine gets the architecture only, vLLM the checkpoint, unserved);
   or a state dict (parameter name -> tensor) swapped in and checked as every `load_weights` is. In each
   case the engine says it serves `version` (`weight_version`).
+- `draft_tokens`: the longest draft a `drafter` set on the engine may have verified per step
+  (HistoSpec's `max_draft`; 0: no drafter will be set). vLLM fixes it when it starts, rlboost's engine
+  takes any draft and ignores it.
 - `num_threads`: CPU threads the engine computes with (a worker's share of its machine). None keeps
   this process's torch setting for rlboost's engine and gives vLLM one (`OMP_NUM_THREADS`, when set,
   wins there).
@@ -41,7 +45,7 @@ def engine_gpus(engine: EngineConfig) -> tuple[int, str]:
 
 def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterable[int] = (), *,
                 weights: Mapping[str, object] | Literal["checkpoint"] | None = CHECKPOINT, version: int = 0,
-                num_threads: int | None = None) -> EngineBackend:
+                num_threads: int | None = None, draft_tokens: int = 0) -> EngineBackend:
     """See the module docstring."""
     engine.validate()
     model = dataclasses.replace(model, dtype=engine.serving_dtype(model.dtype))
@@ -51,7 +55,7 @@ def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterabl
         from rlboost.models.loading import model_folder
 
         built = VllmEngine(model_folder(model), engine, eos_token_ids, weight_version=version, dtype=model.dtype,
-                           num_threads=1 if num_threads is None else num_threads)
+                           num_threads=1 if num_threads is None else num_threads, draft_tokens=draft_tokens)
     else:
         import torch
 

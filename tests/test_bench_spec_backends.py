@@ -1,0 +1,51 @@
+"""`rlboost bench spec --backends`: the timed bench on a tiny model, rlboost's engine alone and beside
+vLLM (HistoSpec's drafts verified by vLLM, and vLLM's own n-gram method), on the same histories."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rlboost.cli import main
+
+TINY = ["--model", "tiny:qwen3", "--prompts", "2", "--max-tokens", "8", "--batches", "1,2", "--temperatures", "0",
+        "--history-samples", "2", "--batch1-requests", "1", "--train-steps", "0", "--drafters", "ngram"]
+
+
+def bench(tmp_path, monkeypatch, *flags):
+    monkeypatch.chdir(tmp_path)  # the bench's log goes to outputs/bench/ under the working directory
+    monkeypatch.setenv("RLBOOST_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "out.json"
+    assert main(["bench", "spec", *TINY, *flags, "--json", str(path)]) == 0
+    return json.loads(path.read_text())["results"]
+
+
+def test_rlboost_alone_keeps_its_rows(tmp_path, monkeypatch):
+    rows = bench(tmp_path, monkeypatch)
+    assert [(r["condition"], r["batch"], r["backend"], r["drafter"]) for r in rows] == [
+        ("same_weights", 1, "rlboost", "ngram"), ("same_weights", 2, "rlboost", "ngram")]
+    for r in rows:  # greedy with the history of the same weights: every draft is the response itself
+        assert r["identical"] == 1.0 and r["speedup"] > 0 and r["accepted_per_verify"] > 0, r
+
+
+def test_unknown_backend_or_unavailable_vllm_method_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "spec", *TINY, "--backends", "rlboost,sglang"]) == 2
+    assert capsys.readouterr().out == "error: --backends: unknown ['sglang']; valid: rlboost, vllm\n"
+    assert main(["bench", "spec", *TINY, "--backends", "vllm", "--vllm-methods", "eagle"]) == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out in (["error: --vllm-methods: unknown 'eagle'; valid: ngram, suffix"],
+                   ["error: --backends vllm needs vLLM installed (make test-vllm installs its CPU build in .venv-vllm)"])
+
+
+@pytest.mark.vllm
+def test_both_backends_side_by_side_with_vllms_own_ngram(tmp_path, monkeypatch):
+    rows = bench(tmp_path, monkeypatch, "--backends", "rlboost,vllm", "--vllm-methods", "ngram")
+    assert [(r["batch"], r["backend"], r["drafter"]) for r in rows] == [
+        (b, backend, drafter) for b in (1, 2)
+        for backend, drafter in (("rlboost", "ngram"), ("vllm", "ngram"), ("vllm", "vllm:ngram"))]
+    for r in rows:
+        assert r["identical"] == 1.0 and r["speedup"] > 0, r  # greedy: every backend and method is lossless
+        if r["drafter"] == "ngram":  # HistoSpec's drafts, from the history of the same greedy responses
+            assert r["accepted_per_verify"] > 0, r
