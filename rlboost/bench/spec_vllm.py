@@ -5,7 +5,9 @@
   workload by the bench, as a worker sets it);
 - `methods`: one engine per vLLM method of its own (`ngram`: prompt lookup over the request's prompt
   and output, min/max n-gram the n-gram drafter's orders; `suffix`: SuffixDecoding, which needs
-  arctic-inference), each drafting `method_tokens` tokens.
+  arctic-inference), each drafting `method_tokens` tokens. Built last, and no vLLM engine after them
+  in the process: vLLM 0.32's n-gram proposer imports numba, and once llvmlite is loaded vLLM's
+  kernel-override registry (run at every engine build on a CPU) fails on its objects.
 All on the same weights and config as rlboost's engines in the bench, with room for the bench's
 longest sequence, on as many threads as this process computes with (vLLM would otherwise set one for
 the whole process, rlboost's engines included). vLLM is imported only when the engines are built.
