@@ -282,3 +282,92 @@ def test_joining_a_cluster_without_token_auth_takes_auth_token_false(ray_state):
         check_joinable(ClusterConfig(ray_address=address, ray=RaySecurityConfig(auth_token=False)))
     finally:
         ray.shutdown()
+
+
+class _RayletTimeouts:
+    """Ray's raylet start-up wait running out, `times` times, without waiting its 30 s: the node's
+    registration check fails once and the node's clock then reads 31 s later (a constant offset from
+    then on, so every other wait of Ray's keeps its length)."""
+
+    def __init__(self, monkeypatch, times: int):
+        import time as real_time
+
+        import ray._private.node
+        import ray._private.services
+
+        self.left, self.offset = times, 0.0
+        get_node = ray._private.services.get_node
+
+        def flaky_get_node(*args, **kwargs):
+            if self.left > 0:
+                self.left -= 1
+                self.offset += 31.0
+                raise RuntimeError("node info not available (a raylet that has not registered)")
+            return get_node(*args, **kwargs)
+
+        class Clock:
+            def __getattr__(_, name):
+                return getattr(real_time, name)
+
+            def monotonic(_):
+                return real_time.monotonic() + self.offset
+
+        monkeypatch.setattr(ray._private.services, "get_node", flaky_get_node)
+        monkeypatch.setattr(ray._private.node, "time", Clock())
+
+
+def _ray_daemons() -> list[str]:
+    """The GCS servers and raylets this process started (the start-ups' leftovers would show here)."""
+    import psutil
+
+    names = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            names += [n for n in ("gcs_server", "raylet") if n in proc.name()]
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(names)
+
+
+def test_a_raylet_missing_rays_start_up_wait_is_started_again_and_the_first_try_killed(ray_state, monkeypatch):
+    """Under a loaded machine a niced raylet can miss Ray's fixed 30 s start-up wait; Ray then raises
+    with the node's processes running. The start is tried again and the first try's GCS and raylet
+    are gone: one of each serves the run."""
+    faults = _RayletTimeouts(monkeypatch, times=1)
+    start_local_ray(RaySecurityConfig(), {"reserved": 1}, num_cpus=1)
+    try:
+        assert faults.left == 0
+        assert _ray_daemons() == ["gcs_server", "raylet"]
+
+        @ray.remote(num_cpus=0)
+        def f():
+            return 42
+
+        assert ray.get(f.remote(), timeout=patience(60)) == 42
+    finally:
+        ray.shutdown()
+    assert _ray_daemons() == []
+
+
+def test_the_last_raylet_timeout_is_raised_with_nothing_left_running(ray_state, monkeypatch):
+    monkeypatch.setattr(ray_setup, "RAYLET_START_TRIES", 2)
+    _RayletTimeouts(monkeypatch, times=2)
+    with pytest.raises(Exception, match="timed out during startup"):
+        start_local_ray(RaySecurityConfig(), {}, num_cpus=1)
+    assert not ray.is_initialized()
+    assert _ray_daemons() == []
+
+
+def test_a_cluster_node_missing_the_wait_is_added_again(ray_state, monkeypatch):
+    cluster = start_local_cluster(RaySecurityConfig(), {"head": 1}, num_cpus=0, system_config={})
+    try:
+        faults = _RayletTimeouts(monkeypatch, times=1)
+        add_node(cluster, RaySecurityConfig(), num_cpus=0, resources={"spot": 1})
+        assert faults.left == 0
+        assert _ray_daemons() == ["gcs_server", "raylet", "raylet"]
+        assert ray.get(ray.remote(num_cpus=0, resources={"spot": 1})(lambda: 7).remote(),
+                       timeout=patience(60)) == 7
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    assert _ray_daemons() == []

@@ -24,11 +24,16 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
-    params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=cpus, num_gpus=gpus, resources=resources,
-                       object_store_memory=object_store_bytes, min_worker_port=0, max_worker_port=0,
-                       include_log_monitor=False, node_manager_port=0)
-    params.dashboard_agent_listen_port = None  # any free port: the head's agent has the default one
-    Node(params, head=False, shutdown_at_exit=True, spawn_reaper=False)
+    from rlboost.cluster.ray_setup import with_raylet_retry
+
+    def start() -> Node:  # fresh parameters per try: Node fills some in
+        params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=cpus, num_gpus=gpus,
+                           resources=resources, object_store_memory=object_store_bytes, min_worker_port=0,
+                           max_worker_port=0, include_log_monitor=False, node_manager_port=0)
+        params.dashboard_agent_listen_port = None  # any free port: the head's agent has the default one
+        return Node(params, head=False, shutdown_at_exit=True, spawn_reaper=False)
+
+    with_raylet_retry(start, "a spot node's Ray")
     del ray
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -33,7 +33,7 @@ import ipaddress
 import logging
 import os
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import ray
 
@@ -51,6 +51,12 @@ AUTH_TOKEN_PATH_ENV = "RAY_AUTH_TOKEN_PATH"
 SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 """Ray's switch for multi-machine clusters; 0 makes it take 127.0.0.1 as this node's address."""
 USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"
+RAYLET_START_TRIES = 3
+"""How many times a Ray node is started before its start-up timeout is final (`with_raylet_retry`)."""
+RAYLET_TIMEOUT_MESSAGE = "timed out during startup"
+"""What Ray's node start-up raises when its raylet has not registered with the GCS in time."""
+
+T = TypeVar("T")
 
 
 def route_ray_messages() -> None:
@@ -82,9 +88,14 @@ def start_local_ray(security: RaySecurityConfig, resources: dict[str, float], nu
     the ones Ray finds; more than that are logical, for tests)."""
     _prepare(security)
     route_ray_messages()
-    ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources), include_dashboard=False,
-             dashboard_host=LOOPBACK, _node_ip_address=security.bind_host, logging_level="ERROR",
-             log_to_driver=False, _system_config={"worker_niceness": security.worker_niceness})
+
+    def start() -> None:
+        ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, resources=dict(resources),
+                 include_dashboard=False, dashboard_host=LOOPBACK, _node_ip_address=security.bind_host,
+                 logging_level="ERROR", log_to_driver=False,
+                 _system_config={"worker_niceness": security.worker_niceness})
+
+    with_raylet_retry(start, "the local Ray", reset=ray.shutdown)
     try:
         _verify_started(security)
     except BaseException:
@@ -101,10 +112,11 @@ def start_local_cluster(security: RaySecurityConfig, head_resources: dict[str, f
     route_ray_messages()
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
+    cluster = with_raylet_retry(lambda: Cluster(initialize_head=True, head_node_args={
         "num_cpus": num_cpus, "num_gpus": num_gpus, "resources": dict(head_resources), "include_dashboard": False,
         "dashboard_host": LOOPBACK, "node_ip_address": security.bind_host,
-        "_system_config": {"worker_niceness": security.worker_niceness} | dict(system_config)})
+        "_system_config": {"worker_niceness": security.worker_niceness} | dict(system_config)}),
+        "the head of the local Ray cluster")
     try:
         ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
         _verify_started(security)
@@ -125,7 +137,45 @@ def add_node(cluster: "Cluster", security: RaySecurityConfig, **node_args):
     if node_args["node_ip_address"] != security.bind_host:
         raise ValueError(f"add_node: node_ip_address={node_args['node_ip_address']!r} differs from "
                          f"cluster.ray.bind_host={security.bind_host!r}")
-    return cluster.add_node(**node_args)
+    return with_raylet_retry(lambda: cluster.add_node(**node_args), "a node of the local Ray cluster")
+
+
+def with_raylet_retry(start: Callable[[], T], what: str, reset: Callable[[], None] | None = None) -> T:
+    """`start()`, a Ray node start-up, tried up to RAYLET_START_TRIES times while it fails with Ray's
+    raylet start-up timeout. Ray waits a fixed 30 s (not configurable) for a new raylet to register with
+    the GCS; on a machine busy beside the run (a niced raylet under a CPU hog, a suite's other tests)
+    it can miss that, and Ray raises with the node's processes still running and no handle on them. The
+    node that failed is found in the exception's frames and its processes killed (nothing is left
+    behind), `reset()` puts the caller's state back, and the start is tried again. Any other error, and
+    the last timeout, is raised as it is."""
+    for attempt in range(1, RAYLET_START_TRIES + 1):
+        try:
+            return start()
+        except Exception as exc:
+            if RAYLET_TIMEOUT_MESSAGE not in str(exc):
+                raise
+            _kill_failed_node(exc)
+            if reset is not None:
+                reset()
+            if attempt == RAYLET_START_TRIES:
+                raise
+            logger.warning("%s: Ray's raylet did not register within Ray's 30 s start-up wait (try %d of %d; "
+                           "is the machine overloaded?); starting it again", what, attempt, RAYLET_START_TRIES)
+    raise AssertionError("unreachable")
+
+
+def _kill_failed_node(exc: BaseException) -> None:
+    """Kill the processes of the Ray node whose start-up raised `exc` (the `Node` whose __init__ is on
+    the traceback): Ray leaves them running when its start-up wait runs out."""
+    from ray._private.node import Node
+
+    tb = exc.__traceback__
+    while tb is not None:
+        node = tb.tb_frame.f_locals.get("self")
+        if isinstance(node, Node):
+            node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+            return
+        tb = tb.tb_next
 
 
 def start_node_process(security: RaySecurityConfig, gcs_address: str, resources: dict[str, float],
