@@ -159,6 +159,26 @@ def test_invalidate_starts_new_sibling_groups_and_reloads_history():
     assert history_only.propose("old", PROMPT) == [7, 8, 9]
 
 
+def test_invalidating_one_prompt_leaves_the_groups_of_the_others_whole():
+    """A hybrid worker gets a prompt's history with the first of its group's requests in a step: the
+    history of a second prompt arriving must not split the first prompt's group, whose other samples
+    may reach this worker later in the step (migrated or submitted in a later batch)."""
+    other = [5, 6, 7, 8]
+    drafter = _suffix(sources=["siblings"])
+    drafter.start("a", PROMPT)
+    drafter.propose("a", PROMPT + [40, 41, 42])
+    drafter.invalidate([other])  # the other prompt's history arrives
+    drafter.start("b", PROMPT)  # a sibling of a, submitted after it
+    assert drafter.propose("b", PROMPT) == [40, 41, 42]
+    drafter.invalidate([PROMPT])
+    drafter.start("c", PROMPT)  # the next step's group
+    assert drafter.propose("c", PROMPT) == []
+    drafter.invalidate()
+    drafter.finish("c")
+    drafter.start("d", PROMPT)
+    assert drafter.propose("d", PROMPT) == []
+
+
 def test_the_likeliest_source_wins():
     store = HistoryStore()
     store.update(PROMPT, [[5, 6, 1, 2], [5, 6, 3, 4], [5, 6, 3, 9]])  # after (5, 6): 3 two times in three

@@ -3,8 +3,8 @@
 SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
 - `own`: a trie over the request's prompt and output so far;
 - `siblings`: a trie per prompt over the outputs of the requests on this engine that share the prompt
-  and started since the last `invalidate()` (a GRPO group on one engine: the store changes between
-  steps), finished ones included until the last of them finishes; each output is taken from the
+  and started since the prompt's history was last invalidated (a GRPO group on one engine: the store
+  changes between steps; invalidating other prompts leaves the group whole), finished ones included until the last of them finishes; each output is taken from the
   context its request last proposed with, so a sibling further along drafts for one behind it. In
   hybrid rollout the group's samples on other instances join it too: `add_sibling(request_id,
   sibling, offset, tokens)` takes tokens of a remote sibling's response (the manager forwards them,
@@ -39,7 +39,7 @@ SOURCES = ("own", "siblings", "history")
 @dataclass
 class _Group:
     key: tuple[tuple[int, ...], int]
-    """(prompt, the generation its requests started in)."""
+    """(prompt, a serial number): the prompt's groups stay apart."""
     trie: SuffixTrie
     after_prompt: list
     """The trie's state after the prompt's tail: where each member's output starts."""
@@ -84,7 +84,11 @@ class SuffixDrafter:
         self.sources = tuple(s for s in SOURCES if s in sources)
         self._histories = PromptCache(store, self._history_trie)
         self._groups: dict[tuple[tuple[int, ...], int], _Group] = {}
+        self._open: dict[tuple[int, ...], tuple[tuple[int, ...], int]] = {}
+        """The group a request of the prompt starting now joins, by prompt (closed by `invalidate`)."""
+        self._serial = 0
         self._generation = 0
+        """The store's version here: bumped by every `invalidate`, so requests re-read their history."""
         self._requests: dict[str, _Request] = {}
 
     # ---- the hook -----------------------------------------------------------------------------
@@ -92,9 +96,10 @@ class SuffixDrafter:
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None:
         self.finish(request_id)  # a reused id starts afresh
         prompt = tuple(prompt_ids)
-        key = (prompt, self._generation)
-        group = self._groups.get(key)
+        group = self._groups.get(self._open.get(prompt))
         if group is None:
+            self._serial += 1
+            key = self._open[prompt] = (prompt, self._serial)
             trie = SuffixTrie(self.config.suffix_max_depth)
             group = self._groups[key] = _Group(key, trie, trie.extend(self._tail(prompt), trie.start()))
         group.members.add(request_id)
@@ -129,6 +134,8 @@ class SuffixDrafter:
         req.group.members.discard(request_id)
         if not req.group.members:
             self._groups.pop(req.group.key, None)
+            if self._open.get(req.prompt) == req.group.key:
+                del self._open[req.prompt]
 
     def add_sibling(self, request_id: str, sibling: str, offset: int, tokens: Sequence[int]) -> int:
         """Tokens of `sibling`'s response from `offset` on, `sibling` being a request with the prompt
@@ -155,8 +162,15 @@ class SuffixDrafter:
 
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None:
         """The store changed (a step ended): rebuild the history tries of `prompts` (None: all) when
-        next used; requests started from now on form new sibling groups."""
+        next used; requests of those prompts started from now on form new sibling groups (a hybrid
+        worker is sent a prompt's history with the first of its group's requests in a step, so the
+        groups of other prompts, still being submitted, stay whole)."""
+        prompts = None if prompts is None else [tuple(p) for p in prompts]
         self._histories.invalidate(prompts)
+        if prompts is None:
+            self._open.clear()
+        for prompt in prompts or ():
+            self._open.pop(prompt, None)
         self._generation += 1
 
     # ---- the sources --------------------------------------------------------------------------
