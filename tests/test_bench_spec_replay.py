@@ -64,3 +64,7 @@ def test_replay_over_instances_reports_local_and_forwarded_siblings(tmp_path, ca
     assert "2 instances" in capsys.readouterr().out
     assert main(["bench", "spec", "--replay", str(path), "--instances", "0"]) == 2
     assert "--instances must be >= 1, got 0" in capsys.readouterr().out
+    # checked before a recording starts, not after its hours of GRPO steps
+    out = tmp_path / "never.jsonl"
+    assert main(["bench", "spec", "--model", "tiny:qwen2", "--record", str(out), "--stream-interval", "0"]) == 2
+    assert capsys.readouterr().out == "error: --stream-interval must be >= 1, got 0\n" and not out.exists()

@@ -40,7 +40,6 @@ from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.bench.grpo import chat_prompts, grpo_steps
 from rlboost.bench.spec_vllm import BACKENDS, VllmEngines, check_vllm_methods
 from rlboost.bench.spec_replay import record_histories, render_replay, replay_result
-from rlboost.data import DatasetError
 from rlboost.histospec import DraftConfig, HistoryStore, make_drafter
 from rlboost.histospec.drafter import DRAFTERS
 from rlboost.models import ModelConfig, load_model
@@ -99,19 +98,30 @@ class SpecBenchConfig:
     most its `max_draft`)."""
 
 
+    def validate(self) -> None:
+        """Every flag checked before anything runs (a bad replay flag after hours of `--record` would
+        lose the recording's time); `--backends vllm` also needs what it names installed."""
+        for name in self.drafters:
+            if name not in DRAFTERS:
+                raise ValueError(f"--drafters: unknown {name!r}; valid: {', '.join(DRAFTERS)}")
+        for flag, value, least in (("instances", self.instances, 1), ("stream-interval", self.stream_interval, 1),
+                                   ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
+            if value < least:
+                raise ValueError(f"--{flag} must be >= {least}, got {value}")
+        if self.record or self.replay:
+            return  # no engine runs: the backends are not used
+        unknown = sorted(set(self.backends) - set(BACKENDS))
+        if unknown or not self.backends:
+            raise ValueError(f"--backends: unknown {unknown or 'none given'}; valid: {', '.join(BACKENDS)}")
+        if "vllm" in self.backends:
+            check_vllm_methods(self.vllm_methods)
+
 def bench_spec(cfg: SpecBenchConfig) -> dict:
-    for name in cfg.drafters:
-        if name not in DRAFTERS:
-            raise DatasetError(f"--drafters: unknown {name!r}; valid: {', '.join(DRAFTERS)}")
+    cfg.validate()
     if cfg.record:
         record_histories(cfg, Path(cfg.record))
     if cfg.record or cfg.replay:
         return replay_result(cfg, Path(cfg.record or cfg.replay))
-    unknown = sorted(set(cfg.backends) - set(BACKENDS))
-    if unknown or not cfg.backends:
-        raise DatasetError(f"--backends: unknown {unknown or 'none given'}; valid: {', '.join(BACKENDS)}")
-    if "vllm" in cfg.backends:
-        check_vllm_methods(cfg.vllm_methods)
     loaded = load_model(ModelConfig(path=cfg.model))
     rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
     prompts = chat_prompts(loaded.tokenizer, rows)

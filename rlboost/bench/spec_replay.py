@@ -45,10 +45,7 @@ def record_histories(cfg, path: Path) -> None:
 
 
 def replay_result(cfg, path: Path) -> dict:
-    for flag, value, least in (("instances", cfg.instances, 1), ("stream-interval", cfg.stream_interval, 1),
-                               ("sibling-tokens-per-step", cfg.sibling_tokens_per_step, 0)):
-        if value < least:
-            raise DatasetError(f"--{flag} must be >= {least}, got {value}")
+    """`cfg` validated (`SpecBenchConfig.validate`)."""
     try:
         groups = read_recording(path)
     except (OSError, ValueError) as e:

