@@ -371,3 +371,45 @@ def test_a_cluster_node_missing_the_wait_is_added_again(ray_state, monkeypatch):
         ray.shutdown()
         cluster.shutdown()
     assert _ray_daemons() == []
+
+
+DRIVER = """
+import sys, time, ray
+from rlboost.cluster.config import RaySecurityConfig
+from rlboost.cluster.ray_setup import start_local_cluster, start_node_process
+security = RaySecurityConfig()
+cluster = start_local_cluster(security, {"head": 1}, num_cpus=0, system_config={})
+node = start_node_process(security, cluster.address, {"spot": 1})
+ray.get(ray.remote(num_cpus=0, resources={"spot": 1})(lambda: 0).remote(), timeout=float(sys.argv[1]))
+print("NODE", node.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_node_process_ends_with_a_driver_killed_without_cleanup(tmp_path):
+    """A run's driver SIGKILLed (or taken by the OOM killer) cannot end the spot nodes it started:
+    each node process, in a session of its own, notices its driver is gone and ends its raylet."""
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    driver = subprocess.Popen([sys.executable, str(script), str(patience(120))], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    node = None
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("NODE"), f"the driver did not start its node: {line!r}"
+        node = psutil.Process(int(line.split()[1]))
+        tree = [node, *node.children(recursive=True)]
+        assert any("raylet" in p.name() for p in tree)
+        driver.kill()
+        driver.wait()
+        gone, alive = psutil.wait_procs(tree, timeout=patience(30))
+        assert not alive, f"left running after the driver's death: {[p.name() for p in alive]}"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if node is not None and node.is_running():
+            ray_setup.kill_node_process(node)

@@ -5,15 +5,22 @@ What a spot VM is to the cluster, on one machine: this process starts a raylet a
 that join the cluster at ADDRESS (from its main thread, which Ray's node start-up needs), then waits.
 Everything the node runs descends from it, in its own session, so one SIGKILL of the process group
 ends the node and its workers at once, with no cleanup (`ray_setup.kill_node_process`). The token
-and the loopback settings come from the environment, as for every Ray process of the run.
+and the loopback settings come from the environment, as for every Ray process of the run. A node
+whose run's driver died without ending it (SIGKILL, the OOM killer) stops on its own: it outlives
+nothing it was started for.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
+
+
+PARENT_POLL_S = 1.0
+"""How often the node looks for its driver (the process that started it)."""
 
 
 def main(address: str, resources: dict[str, float], ip: str, object_store_bytes: int, cpus: int = 0,
@@ -33,11 +40,14 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
         params.dashboard_agent_listen_port = None  # any free port: the head's agent has the default one
         return Node(params, head=False, shutdown_at_exit=True, spawn_reaper=False)
 
+    driver = os.getppid()
     with_raylet_retry(start, "a spot node's Ray")
     del ray
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    stop.wait()
+    # the driver gone, this process is re-parented: leave, and Node's exit hook ends the raylet
+    while not stop.wait(PARENT_POLL_S) and os.getppid() == driver:
+        pass
 
 
 if __name__ == "__main__":
