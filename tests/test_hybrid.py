@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
 import pytest
 
@@ -80,16 +81,19 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     several reports in that time). Those tokens count (invariant 4). Here the manager's reader skips the
     busiest instance's stream until the instance has sent as many chunks more than the manager has read
     as backpressure lets it (max_unacked_reports); then the instance is frozen (SIGSTOP: it sends nothing
-    more) and fenced."""
+    more) and fenced. Held, the instance must stop once that many reports wait unread (plus the one its
+    `yield` blocks on, already in its ledger), however long it is held: it is given a while (the bound
+    can only be missed, never falsely broken, on a slow machine) before it is frozen."""
     interval, ahead = ENGINE.stream_interval, fleet.manager.cfg.max_unacked_reports
     reader = fleet.manager.reader
     victim = {}
+    hold_s = patience(1.0)
 
     def hold_its_stream(run):
         h = victim["h"] = fleet.manager.table.workers[busiest(run)]
 
         def without_it():
-            victim["held"] = True  # the reader's round running when this was swapped in is over
+            victim.setdefault("held", time.monotonic())  # the reader's round running when swapped in is over
             return [x for x in fleet.manager.table.handles() if x is not h]
 
         reader.handles = without_it
@@ -102,6 +106,7 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     def freeze_and_fence(run):
         os.kill(victim["h"].pid, signal.SIGSTOP)
         victim["sent"] = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
+        victim["unread"] = unread(run)
         fleet.manager.table.fence(victim["h"].name, "test: found dead by other means than its stream")
 
     try:
@@ -109,8 +114,8 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
             # after the hand-off: its answers would bring the victim's tokens along with the samples
             (lambda run: handed_off(run) and (b := busiest(run)) and after_tokens(lambda _: b, 8)(run),
              hold_its_stream),
-            (lambda run: "held" in victim and max(unread(run).values(), default=0) >= ahead * interval,
-             freeze_and_fence)])
+            (lambda run: "held" in victim and max(unread(run).values(), default=0) >= ahead * interval
+             and time.monotonic() - victim["held"] >= hold_s, freeze_and_fence)])
     finally:
         reader.handles = fleet.manager.table.handles
         if "h" in victim:
@@ -118,6 +123,8 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     assert name == victim["h"].name and reason.startswith("test:"), run.stats.deaths
+    unread_at_freeze = victim["unread"]
+    assert max(unread_at_freeze.values()) <= (ahead + 1) * interval, unread_at_freeze  # backpressure held it
     lost = {rid: n - run.stats.received[rid] for rid, n in victim["sent"].items()
             if rid.rpartition("#")[0] in run.tracked}
     assert lost and max(lost.values()) <= interval, lost  # at most the one report Ray was still carrying
