@@ -19,6 +19,12 @@ pytestmark = pytest.mark.vllm
 REPO = Path(__file__).resolve().parents[1]
 VLLM = ["engine.backend=vllm", "model.path=tiny:qwen3"]  # head_dim 32: a size vLLM's CPU attention supports
 QUIET = ["run.val_before_train=false", "tracking.report=false", "tracking.loggers=[jsonl]"]
+DIGITS_REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return sum(c.isdigit() for c in solution_str) / max(len(solution_str), 1)
+"""
+"""A reward a random tiny model's samples differ on (the built-in one scores them all 0, so GRPO would
+leave the weights as they are and a stale worker could not show)."""
 
 
 def metrics_of(run_dir: Path) -> dict[int, dict]:
@@ -35,10 +41,15 @@ def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys):
     2,000 tokens on average, the first two due at about the 3,700th and the 6,600th token) into the
     fixed pool's instances, which serve from the step's start: 128 samples of up to 256 tokens, some
     30,000 tokens, so both kills come while the instances hold samples, on a fast machine as on a
-    loaded one."""
+    loaded one. Two steps: the second samples from the weights the first trained, which every vLLM
+    worker must have pulled (one that kept the old weights shows in `actor/ppo_kl` and the log-prob
+    difference)."""
     batch, n, mean_tokens = 16, 8, 2000
+    reward = tmp_path / "digits.py"
+    reward.write_text(DIGITS_REWARD)
     assert main(["train", str(REPO / "configs" / "hybrid_smoke.yaml"), *VLLM, *QUIET, f"run.output_dir={tmp_path}",
-                 "run.total_steps=1", f"data.train_batch_size={batch}", f"rollout.n={n}",
+                 f"reward.path={reward}", "trainer.lr=1e-2",
+                 "run.total_steps=2", f"data.train_batch_size={batch}", f"rollout.n={n}",
                  "data.max_response_length=256", *kills_every(mean_tokens)]) == 0
     out = capsys.readouterr().out
     assert "Traceback" not in out and "rese-1 lost" not in out, out
@@ -47,12 +58,15 @@ def test_hybrid_smoke_run_on_vllm_migrates_and_loses_nothing(tmp_path, capsys):
     chaos = rf"preempted by the seeded random preemptions \(one per ~{mean_tokens} tokens\)"
     kills = re.findall(chaos + r": (\d+) samples migrated", out)
     assert sum(map(int, kills)) >= 1, out
-    [m] = [m for step, m in metrics_of(tmp_path).items() if step == 1]
+    metrics = metrics_of(tmp_path)
+    assert sorted(metrics) == [1, 2]
+    m = metrics[1]
     assert m["spot/preemptions"] >= 2 and m["migration/preempted"] >= 1, m
     assert m["migration/samples"] >= m["migration/preempted"], m
-    assert samples_trained(m) == batch * n  # every sample, migrated or not, trained exactly once
-    # the migrated samples were finished on the step's weights: behaviour log-probs at float noise
-    assert abs(m["actor/ppo_kl"]) < 1e-6 and m["training/rollout_probs_diff_max"] < 1e-4, m
+    for step in metrics.values():
+        assert samples_trained(step) == batch * n  # every sample, migrated or not, trained exactly once
+        # sampled from the step's weights, migrated samples included: behaviour log-probs at float noise
+        assert abs(step["actor/ppo_kl"]) < 1e-6 and step["training/rollout_probs_diff_max"] < 1e-4, step
     with capsys.disabled():  # the measured numbers, beside the test's name
         print(f"\nvLLM hybrid smoke: {m['spot/preemptions']:.0f} preemptions, {m['migration/samples']:.0f} "
               f"samples migrated ({m['migration/preempted']:.0f} off killed instances), {samples_trained(m)} trained, "
