@@ -97,7 +97,6 @@ class SpecBenchConfig:
     """Draft tokens vLLM's own methods propose per request and step (HistoSpec's are the drafter's, at
     most its `max_draft`)."""
 
-
     def validate(self) -> None:
         """Every flag checked before anything runs (a bad replay flag after hours of `--record` would
         lose the recording's time); `--backends vllm` also needs what it names installed."""
@@ -115,6 +114,7 @@ class SpecBenchConfig:
             raise ValueError(f"--backends: unknown {unknown or 'none given'}; valid: {', '.join(BACKENDS)}")
         if "vllm" in self.backends:
             check_vllm_methods(self.vllm_methods)
+
 
 def bench_spec(cfg: SpecBenchConfig) -> dict:
     cfg.validate()

@@ -38,7 +38,7 @@ def check_vllm_methods(methods: Sequence[str]) -> None:
             raise ValueError(f"--vllm-methods: unknown {method!r}; valid: {', '.join(VLLM_METHODS)}")
         if method == "suffix" and importlib.util.find_spec("arctic_inference") is None:
             raise ValueError("--vllm-methods suffix needs arctic-inference (vLLM's suffix method wraps it), "
-                               "which is not installed here")
+                             "which is not installed here")
 
 
 def _method_config(method: str, tokens: int) -> dict:

@@ -4,8 +4,9 @@ SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
 - `own`: a trie over the request's prompt and output so far;
 - `siblings`: a trie per prompt over the outputs of the requests on this engine that share the prompt
   and started since the prompt's history was last invalidated (a GRPO group on one engine: the store
-  changes between steps; invalidating other prompts leaves the group whole), finished ones included until the last of them finishes; each output is taken from the
-  context its request last proposed with, so a sibling further along drafts for one behind it. In
+  changes between steps; invalidating other prompts leaves the group whole), finished ones included
+  until the last of them finishes; each output is taken from the context its request last proposed
+  with, so a sibling further along drafts for one behind it. In
   hybrid rollout the group's samples on other instances join it too: `add_sibling(request_id,
   sibling, offset, tokens)` takes tokens of a remote sibling's response (the manager forwards them,
   `rlboost.histospec.sibling_share`) into the trie of every group of `request_id`'s prompt here, each
