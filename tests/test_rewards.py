@@ -112,6 +112,22 @@ def test_math_score():
     assert compute_score("math", "\\boxed{2}", "\\frac{{") == 0.0
 
 
+def test_a_math_verify_timeout_scores_0_instead_of_escaping(monkeypatch):
+    """math-verify raises its TimeoutException (a BaseException: `except Exception` misses it) when a
+    parse or a comparison runs past its time; the built-in reward scores that answer 0."""
+    import math_verify
+    from math_verify.errors import TimeoutException
+
+    def times_out(*args, **kwargs):
+        raise TimeoutException("Operation timed out!")
+
+    assert math_score("\\boxed{0.5}", "\\frac{1}{2}") == 1.0
+    monkeypatch.setattr(math_verify, "verify", times_out)
+    assert math_score("\\boxed{0.5}", "\\frac{1}{2}") == 0.0
+    monkeypatch.setattr(math_verify, "parse", times_out)
+    assert compute_score("math", "\\boxed{0.5}", "\\frac{1}{2}") == 0.0
+
+
 def test_math_score_off_the_main_thread():
     # math-verify's signal-based timeouts refuse to run there; the answer must still be checked.
     scores = []
