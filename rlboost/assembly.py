@@ -15,6 +15,7 @@ loop itself is `rlboost.train`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -116,6 +117,7 @@ def build(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
     trainer = rollout = None
     try:
         place_gpus(cfg, cluster)
+        check_model_on_nodes(cfg, cluster)
         if cfg.trainer.world_size > 1:
             trainer, rollout, restored = sharded_setup(cfg, run_dir, policy, loader, pad_token_id,
                                                        total_optimizer_steps, cluster)
@@ -451,6 +453,28 @@ def place_gpus(cfg: RLBoostConfig, cluster: Cluster | None) -> None:
         cluster.place_reserved_gpus(demand.reserved)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+NODE_CHECK_TIMEOUT_S = 120.0
+"""How long every node of a joined cluster has to say whether it can read the model (a fresh Ray
+worker per node imports torch and transformers first)."""
+
+
+def check_model_on_nodes(cfg: RLBoostConfig, cluster: Cluster | None) -> None:
+    """On a joined cluster (`cluster.ray_address`), right after joining and before any worker or rank:
+    every node that may run one can read `model.path` (workers build their model from it there), or
+    one ConfigError names the nodes that cannot and why. A local run's nodes share this machine's
+    files; nodes joining later are checked by their workers' boots."""
+    if cluster is None or not cfg.cluster.ray_address:
+        return
+    from rlboost.models.loading import model_problem
+
+    answers = cluster.on_every_node(functools.partial(model_problem, cfg.model), NODE_CHECK_TIMEOUT_S)
+    bad = {node: why for node, why in answers.items() if why}
+    if bad:
+        where = "; ".join(f"node {node}: {why}" for node, why in sorted(bad.items()))
+        raise ConfigError(f"model.path={cfg.model.path!r}: not readable on {len(bad)} of {len(answers)} nodes of "
+                          f"cluster.ray_address={cfg.cluster.ray_address} ({where}); every node must hold the model")
 
 
 def seed_everything(seed: int) -> None:

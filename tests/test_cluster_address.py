@@ -105,3 +105,43 @@ def test_the_run_s_validation_checks_the_address_only_when_it_joins_ray():
         validate(load_config(RLBoostConfig, overrides=["rollout.mode=hybrid", f"cluster.ray_address={address}"]))
     # a colocated run at world size 1 starts no Ray: the address is not used, so not checked
     validate(load_config(RLBoostConfig, overrides=["rollout.mode=colocated", f"cluster.ray_address={address}"]))
+
+
+@pytest.fixture
+def two_nodes():
+    """A local cluster of two Ray nodes (a head and a node process), standing in for a joined one."""
+    from rlboost.cluster.ray_cluster import Cluster
+
+    cluster = Cluster(ClusterConfig(), instances="nodes")
+    node = None
+    try:
+        node = cluster.start_node({"preemptible": 1})
+        yield cluster
+    finally:
+        if node is not None:
+            cluster.end_node(node)
+        cluster.shutdown()
+
+
+def test_every_node_of_a_joined_cluster_is_asked_for_the_model_before_any_worker(two_nodes, tmp_path):
+    """The workers a joined cluster runs build their model from `model.path` on their node: a node
+    without it is named at start-up, before any worker, with what it lacks."""
+    import ray
+
+    from rlboost.assembly import check_model_on_nodes
+
+    deadline = time.monotonic() + patience(60)
+    while sum(n["Alive"] for n in ray.nodes()) < 2:
+        assert time.monotonic() < deadline, "the node process did not join"
+        time.sleep(0.1)
+    missing = tmp_path / "checkpoint"
+    cfg = load_config(RLBoostConfig, overrides=[f"model.path={missing}", "cluster.ray_address=127.0.0.1:6379"])
+    with pytest.raises(ConfigError) as err:
+        check_model_on_nodes(cfg, two_nodes)
+    message = str(err.value)
+    assert message.startswith(f"model.path='{missing}': not readable on 2 of 2 nodes of "
+                              "cluster.ray_address=127.0.0.1:6379 (node 127.0.0.1 (")
+    assert message.count(f"{missing} does not exist") == 2 and "\n" not in message
+    missing.mkdir()
+    (missing / "config.json").write_text("{}")
+    check_model_on_nodes(cfg, two_nodes)  # every node holds it now

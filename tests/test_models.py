@@ -9,7 +9,7 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from rlboost.models import ModelConfig, load_model, tiny_model
-from rlboost.models.loading import bundled_gguf_path, bundled_smollm2_folder
+from rlboost.models.loading import bundled_gguf_path, bundled_smollm2_folder, model_problem
 
 
 def test_tiny_models_are_real_and_seeded(family):
@@ -37,6 +37,22 @@ def test_load_model_errors():
         load_model(ModelConfig(path="/nonexistent/model"))
     with pytest.raises(ValueError, match="unknown dtype"):
         load_model(ModelConfig(path="tiny:llama", dtype="float8"))
+
+
+def test_model_problem_says_what_a_node_lacks_without_loading(tmp_path):
+    """What a joined cluster's nodes are asked at start-up (`assembly.check_model_on_nodes`)."""
+    assert model_problem(ModelConfig(path="tiny:qwen2")) is None
+    assert model_problem(ModelConfig(path="tiny:nope")) == "unknown tiny family 'tiny:nope'"
+    assert model_problem(ModelConfig(path="smollm2")) is None  # the package is installed here
+    assert model_problem(ModelConfig(path=str(tmp_path / "x"))) == f"{tmp_path / 'x'} does not exist"
+    assert model_problem(ModelConfig(path=str(tmp_path))) == f"{tmp_path / 'config.json'} does not exist"
+    (tmp_path / "config.json").write_text("{}")
+    assert model_problem(ModelConfig(path=str(tmp_path))) is None
+    assert model_problem(ModelConfig(path=str(tmp_path), gguf_file="m.gguf")) == f"{tmp_path / 'm.gguf'} does not exist"
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    assert model_problem(ModelConfig(path=str(tmp_path / "m.gguf"))) is None
+    assert model_problem(ModelConfig(path=str(tmp_path / "config.json"))) == \
+        f"{tmp_path / 'config.json'} is a file but not a .gguf one"
 
 
 def test_bundled_smollm2(smollm2):

@@ -44,6 +44,11 @@ from rlboost.cluster.ray_setup import (check_listeners, kill_node_process, node_
                                        start_local_cluster, start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 
+def _call(fn):
+    """A Ray task's body that runs any callable (a `functools.partial` too, which `ray.remote` refuses)."""
+    return fn()
+
+
 FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
                     "health_check_failure_threshold": 3}
 """Ray's default takes ~15 s to declare a silent node dead; a local emulation of spot instances wants
@@ -116,6 +121,29 @@ class Cluster:
                 self._free_hosts.append(node.host.spec)  # a fresh instance may boot in its place
         else:
             kill_node_process(node)
+
+    def on_every_node(self, fn, timeout_s: float) -> dict[str, object]:
+        """`fn()` run once on every alive node of the cluster (a zero-CPU task pinned to it), by the
+        node's address and id: its result, or the text of what it raised, or that it did not answer
+        within `timeout_s`."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        task = ray.remote(num_cpus=0, max_retries=0)(_call)
+        refs = {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})":
+                task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(fn)
+                for n in ray.nodes() if n["Alive"]}
+        ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        out: dict[str, object] = {}
+        for node, ref in refs.items():
+            if ref not in ready:
+                ray.cancel(ref, force=True)
+                out[node] = f"no answer within {timeout_s:g} s"
+                continue
+            try:
+                out[node] = ray.get(ref)
+            except Exception as e:  # what the node raised is its answer
+                out[node] = f"{type(e).__name__}: {e}".splitlines()[0]
+        return out
 
     def check_listeners(self) -> None:
         if not self.cfg.ray_address and self.room is None:

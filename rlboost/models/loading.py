@@ -81,6 +81,28 @@ def load_model(config: ModelConfig) -> LoadedModel:
     )
 
 
+def model_problem(config: ModelConfig) -> str | None:
+    """Why `load_model(config)` cannot read the model in this process (one line), or None: the files are
+    checked for, not loaded (seconds instead of a model's load), so that every node of a joined cluster
+    can be asked before any worker starts there."""
+    path = config.path
+    if path.startswith("tiny:"):
+        return None if path.removeprefix("tiny:") in TINY_FAMILIES else f"unknown tiny family {path!r}"
+    if path == BUNDLED_NAME:
+        try:
+            bundled_gguf_path()
+        except FileNotFoundError as e:
+            return str(e)
+        return None
+    p = Path(path).expanduser()
+    if p.is_file():
+        return None if p.suffix == ".gguf" else f"{p} is a file but not a .gguf one"
+    if not p.is_dir():
+        return f"{p} does not exist"
+    weights = p / config.gguf_file if config.gguf_file else p / "config.json"
+    return None if weights.is_file() else f"{weights} does not exist"
+
+
 def load_skeleton(config: ModelConfig) -> PreTrainedModel:
     """The model's architecture with uninitialised weights (no checkpoint read): what a rollout worker
     builds before it pulls the trainer's weights."""
