@@ -146,9 +146,13 @@ def _fleet(hybrid_cfg: HybridConfig, spec: WorkerSpec, cluster: Cluster, state: 
 def _backpressure_cost(paced: Fleet, unpaced: Fleet, prompts, params: SamplingParams, cfg: HybridBenchConfig) -> dict:
     """Undisturbed steps of the fleet with backpressure (`paced`) and of the one without, in turns
     (on, off, off, on, ...: a drift of the load beside weighs on both alike), after a warm-up step of
-    the unpaced one; one fleet generates at a time, the other's workers wait idle."""
+    the unpaced one; one fleet generates at a time, the other's workers wait idle. Each step starts
+    with its fleet's pool full: the paced fleet comes from the killed step one instance short, and on
+    2 cores 2 workers outran 3 by a third (an earlier version measured that, not backpressure)."""
     def step(fleet: Fleet) -> tuple[float, int]:
+        fleet.replenish()
         fleet.wait_ready()
+        assert len(fleet.manager.table.alive(PREEMPTIBLE)) == cfg.preemptible, "a fleet short of instances"
         run = fleet.manager.start_step(new_groups(2, prompts, cfg.n, cfg.seed), params, 0, cfg.seed_window_s)
         groups = list(run.groups())
         return run.stats.rollout_s, sum(len(s.response_ids) for g in groups for s in g.samples)
@@ -161,6 +165,7 @@ def _backpressure_cost(paced: Fleet, unpaced: Fleet, prompts, params: SamplingPa
     rate = {label: sum(n for _, n in steps) / sum(s for s, _ in steps) for label, steps in turns.items()}
     return {"on_tokens_per_s": [n / s for s, n in turns["on"]], "off_tokens_per_s": [n / s for s, n in turns["off"]],
             "max_unacked_reports": cfg.max_unacked_reports, "ratio": rate["on"] / rate["off"]}
+
 
 def _kill(fleet: Fleet, at: list[float], rng: random.Random) -> None:
     t0 = time.monotonic()
