@@ -147,8 +147,9 @@ def _backpressure_cost(paced: Fleet, unpaced: Fleet, prompts, params: SamplingPa
     """Undisturbed steps of the fleet with backpressure (`paced`) and of the one without, in turns
     (on, off, off, on, ...: a drift of the load beside weighs on both alike), after a warm-up step of
     the unpaced one; one fleet generates at a time, the other's workers wait idle. Each step starts
-    with its fleet's pool full: the paced fleet comes from the killed step one instance short, and on
-    2 cores 2 workers outran 3 by a third (an earlier version measured that, not backpressure)."""
+    with its fleet's pool full (the paced fleet comes from the killed step one instance short). How
+    the two fleets share the cores differs from run to run: compare the ratio with an A/A run's
+    (`max_unacked_reports=0`, both fleets unpaced), over several runs (docs/hybrid.md)."""
     def step(fleet: Fleet) -> tuple[float, int]:
         fleet.replenish()
         fleet.wait_ready()
