@@ -4,6 +4,7 @@ seconds, before Ray (or the run's data and model) is touched. Only loopback addr
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 
@@ -145,3 +146,6 @@ def test_every_node_of_a_joined_cluster_is_asked_for_the_model_before_any_worker
     missing.mkdir()
     (missing / "config.json").write_text("{}")
     check_model_on_nodes(cfg, two_nodes)  # every node holds it now
+    # what a node raises is its answer, unwrapped from Ray's task error
+    raised = two_nodes.on_every_node(functools.partial(open, tmp_path / "absent"), patience(60))
+    assert len(raised) == 2 and all(v.startswith("FileNotFoundError: [Errno 2]") for v in raised.values()), raised

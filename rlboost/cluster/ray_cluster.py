@@ -47,6 +47,7 @@ from rlboost.cluster.ray_setup import (check_listeners, kill_node_process, node_
                                        start_local_cluster, start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 
+
 def _call(fn):
     """A Ray task's body that runs any callable (a `functools.partial` too, which `ray.remote` refuses)."""
     return fn()
@@ -144,8 +145,9 @@ class Cluster:
                 continue
             try:
                 out[node] = ray.get(ref)
-            except Exception as e:  # what the node raised is its answer
-                out[node] = f"{type(e).__name__}: {e}".splitlines()[0]
+            except Exception as e:  # what the node raised is its answer (Ray wraps it: its cause)
+                cause = getattr(e, "cause", None) or e
+                out[node] = f"{type(cause).__name__}: {cause}".splitlines()[0]
         return out
 
     def check_listeners(self) -> None:
