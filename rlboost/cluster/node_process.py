@@ -45,9 +45,21 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
     del ray
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    # the driver gone, this process is re-parented: leave, and Node's exit hook ends the raylet
+    # the driver gone, this process is re-parented: leave, ending everything the node started (Ray's
+    # own agents outlive a dead raylet by minutes, trying to reach the GCS first)
     while not stop.wait(PARENT_POLL_S) and os.getppid() == driver:
         pass
+    _kill_descendants()
+
+
+def _kill_descendants() -> None:
+    import psutil
+
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 if __name__ == "__main__":
