@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hybrid_util import patience
+from hybrid_util import patience, wait_for
 from rlboost.cluster.address import check_joinable, check_reachable, parse_address
 from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
 from rlboost.config import ConfigError, RLBoostConfig, load_config
@@ -131,10 +131,7 @@ def test_every_node_of_a_joined_cluster_is_asked_for_the_model_before_any_worker
 
     from rlboost.assembly import check_model_on_nodes
 
-    deadline = time.monotonic() + patience(60)
-    while sum(n["Alive"] for n in ray.nodes()) < 2:
-        assert time.monotonic() < deadline, "the node process did not join"
-        time.sleep(0.1)
+    wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 60, "the node process to join")
     missing = tmp_path / "checkpoint"
     cfg = load_config(RLBoostConfig, overrides=[f"model.path={missing}", "cluster.ray_address=127.0.0.1:6379"])
     with pytest.raises(ConfigError) as err:
