@@ -31,7 +31,7 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
     from ray._private.node import Node
     from ray._private.parameter import RayParams
 
-    from rlboost.cluster.ray_setup import with_raylet_retry
+    from rlboost.cluster.ray_setup import kill_tree, with_raylet_retry
 
     def start() -> Node:  # fresh parameters per try: Node fills some in
         params = RayParams(gcs_address=address, node_ip_address=ip, num_cpus=cpus, num_gpus=gpus,
@@ -49,17 +49,7 @@ def main(address: str, resources: dict[str, float], ip: str, object_store_bytes:
     # own agents outlive a dead raylet by minutes, trying to reach the GCS first)
     while not stop.wait(PARENT_POLL_S) and os.getppid() == driver:
         pass
-    _kill_descendants()
-
-
-def _kill_descendants() -> None:
-    import psutil
-
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
+    kill_tree(os.getpid(), include_root=False)
 
 
 if __name__ == "__main__":

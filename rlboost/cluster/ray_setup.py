@@ -219,11 +219,18 @@ def kill_leftover_nodes() -> int:
 def kill_node_process(proc) -> None:
     """SIGKILL a node's whole process tree (its raylet, agents, object store and workers, some of
     which sit in process groups of their own), with no cleanup."""
+    kill_tree(proc.pid)
+    proc.wait()
+
+
+def kill_tree(pid: int, include_root: bool = True) -> None:
+    """SIGKILL process `pid`'s descendants (all of them, whatever their process group) and, with
+    `include_root`, `pid` itself."""
     import psutil
 
     try:
-        root = psutil.Process(proc.pid)
-        tree = [root, *root.children(recursive=True)]
+        root = psutil.Process(pid)
+        tree = [*([root] if include_root else []), *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         tree = []
     for p in tree:
@@ -231,7 +238,6 @@ def kill_node_process(proc) -> None:
             p.kill()
         except psutil.NoSuchProcess:
             pass
-    proc.wait()
 
 
 def listening_addresses(root_pid: int | None = None) -> list[tuple[str, int, str]]:
