@@ -282,6 +282,21 @@ def refill(fleet: Fleet) -> None:
     assert len(fleet.manager.table.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
+def make_whole(fleet: Fleet) -> None:
+    """A module's shared fleet after one of its tests, passed or failed, as the next test expects it, so
+    that one test's failure never takes the tests after it: instances beyond the configured pool are
+    killed, those the test killed and the manager has not found dead yet are declared so (else the
+    next step would find them), and the pool is refilled at the version served."""
+    table = fleet.manager.table
+    for h in fleet.killable()[fleet.cfg.num_preemptible:]:
+        fleet.preempt(h)
+    for h in table.alive():
+        if h.name in fleet.killed:
+            table.fence(h.name, "test: killed by the test before")
+    fleet.wait_ready(timeout_s=patience(120))  # applies the fences
+    refill(fleet)
+
+
 def check_invariants(out, run: StepRun, ref=None, ledger_dir: Path | None = None, version: int | None = None,
                      state: dict | None = None, model: ModelConfig = MODEL) -> int:
     """Exactly once, on-policy, exact continuation, bounded waste. Every sample is tagged with
@@ -358,5 +373,5 @@ def key(uid: str) -> str:
 
 
 __all__ = ["ENGINE", "MODEL", "WorkerHandle", "advance", "after_tokens", "base_weights", "busiest", "check_invariants",
-           "check_served", "handed_off", "kill", "load_factor", "patience", "preemptible", "reference", "refill",
+           "check_served", "handed_off", "kill", "load_factor", "make_whole", "patience", "preemptible", "reference", "refill",
            "reserved_streamed", "run_step", "start_fleet", "version_weights"]

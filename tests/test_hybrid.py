@@ -17,7 +17,8 @@ import time
 import pytest
 
 from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, kill, patience,
-                         preemptible, reference, refill, run_step, start_fleet, version_weights)
+                         make_whole, preemptible, reference, refill, run_step, start_fleet,
+                         version_weights)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 from rlboost.hybrid.token_ledger import read_ledger
 
@@ -33,17 +34,8 @@ def shared_fleet(tmp_path_factory):
 
 @pytest.fixture
 def fleet(shared_fleet):
-    """The module's fleet, whole again after every test, passed or failed, so that one test's failure
-    never takes the tests after it: the instances it killed and the manager has not found dead yet
-    are declared so (else the next step would find them), then the pool is refilled at the version
-    served."""
     yield shared_fleet
-    table = shared_fleet.manager.table
-    for h in table.alive():
-        if h.name in shared_fleet.killed:
-            table.fence(h.name, "test: killed by the test before")
-    shared_fleet.wait_ready(timeout_s=patience(120))  # applies the fences
-    refill(shared_fleet)
+    make_whole(shared_fleet)
 
 
 def test_unkilled_step_matches_the_single_engine(fleet):

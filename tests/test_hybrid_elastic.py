@@ -14,7 +14,8 @@ import time
 import pytest
 import ray
 
-from hybrid_util import ENGINE, MODEL, advance, busiest, check_invariants, handed_off, patience, run_step, start_fleet
+from hybrid_util import (ENGINE, MODEL, advance, busiest, check_invariants, handed_off, make_whole, patience, run_step,
+                         start_fleet)
 from rlboost.cluster import weights as ws
 from rlboost.hybrid.fleet import WorkerActor
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
@@ -22,7 +23,7 @@ from rlboost.models import ModelConfig, load_model
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def shared_fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("elastic")
     # small batches make a step long enough (seconds) for an instance to boot and join during it
     fleet, _ = start_fleet(tmp, num_preemptible=0, weights=ws.WeightsConfig(pull_timeout_s=patience(10), pull_retries=2),
@@ -31,6 +32,12 @@ def fleet(tmp_path_factory):
     advance(fleet)
     yield fleet
     fleet.shutdown()
+
+
+@pytest.fixture
+def fleet(shared_fleet):
+    yield shared_fleet
+    make_whole(shared_fleet)
 
 
 NEVER_S = 3600.0

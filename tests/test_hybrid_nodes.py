@@ -9,17 +9,24 @@ import random
 import psutil
 import pytest
 
-from hybrid_util import advance, after_tokens, check_invariants, kill, patience, preemptible, run_step, start_fleet
+from hybrid_util import (advance, after_tokens, check_invariants, kill, make_whole, patience, preemptible, run_step,
+                         start_fleet)
 from rlboost.hybrid.handles import PREEMPTIBLE
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory):
+def shared_fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid_nodes")
     fleet, weights = start_fleet(tmp, num_preemptible=2, instances="nodes", preempt_with="node")
     fleet.weights, fleet.tmp = weights, tmp
     yield fleet
     fleet.shutdown()
+
+
+@pytest.fixture
+def fleet(shared_fleet):
+    yield shared_fleet
+    make_whole(shared_fleet)
 
 
 def one_matrix_moved(state: dict) -> dict:
