@@ -87,7 +87,7 @@ def _runs(cfg: SimConfig, models, segments: str) -> dict:
 
 def markdown(table_rows: list[dict]) -> str:
     speedups = list(table_rows[0]["engine_speedup"]) if table_rows else []
-    lines = ["| model | policy | accepted per verify (assumed) | tokens/s | vs without | vs veRL | vs veRL, same "
+    lines = ["| model | policy | accepted per verify step (input) | tokens/s | vs without | vs veRL | vs veRL, same "
              "HistoSpec | tokens/$ | vs without | vs veRL | vs veRL, same HistoSpec | instances held (mean) "
              f"| engine decode speed-up ({'; '.join(speedups)}) |", "|---" * 13 + "|"]
     for r in table_rows:
