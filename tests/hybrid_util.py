@@ -147,6 +147,26 @@ class OwnClusterFleet(Fleet):
             self.cluster.shutdown()
 
 
+def slow_loads(seconds: float) -> Callable[[WorkerSpec], object]:
+    """An engine factory (`WorkerSpec.engine_factory`) whose engines take `seconds` more to load each
+    version, as a large model's copy into GPU memory does: a pull stays in flight that long after its
+    fetch, so a test can kill a worker in the middle of one. Built in a function so that Ray ships it by
+    value (its workers cannot import the test modules)."""
+    def build(spec: WorkerSpec):
+        from rlboost.hybrid.worker import configured_engine
+
+        engine = configured_engine(spec)
+        load = engine.load_weights
+
+        def slow_load(*args, **kwargs):
+            time.sleep(seconds)
+            return load(*args, **kwargs)
+
+        engine.load_weights = slow_load
+        return engine
+    return build
+
+
 CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterConfig)}
 
 

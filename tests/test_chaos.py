@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from hybrid_util import check_invariants, patience, run_step, start_fleet, version_weights
+from hybrid_util import check_invariants, patience, run_step, slow_loads, start_fleet, version_weights
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.providers import FixedPool
 from rlboost.hybrid.step_run import StepRun
@@ -70,9 +70,9 @@ class Chaos:
 
 def run_under_chaos(tmp_path, instances: str, kills: int) -> None:
     how = ["sigkill"] if instances == "processes" else ["sigkill", "node"]
-    # pulls take 0.3 s more than they would, so a fair share of the kills land during one
+    # loading a version takes 0.3 s more than it would, so a fair share of the kills land during a pull
     fleet, _ = start_fleet(tmp_path, num_preemptible=3, instances=instances,
-                               spec_overrides={"pull_delay_s": 0.3})
+                           spec_overrides={"engine_factory": slow_loads(0.3)})
     pool = FixedPool(fleet, size=3, preempt_every=0.0, seed=0, respawn=True)
     chaos = Chaos(fleet, seed=1, how=how)
     # what fails the test is a run where the kills stop (no instance comes up to be killed)

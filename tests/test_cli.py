@@ -92,6 +92,43 @@ def test_a_number_that_is_not_finite_exits_2_naming_its_key(tmp_path, capsys):
     assert error_lines(capsys) == ["error: --bucket-mb must be a finite number, got nan"]
 
 
+
+def bench_float_flags() -> list[tuple[str, str, str]]:
+    """(bench, flag, value) for every number flag of every `rlboost bench` (its config's float fields, one
+    bad item in a list of floats): the flags are the config's fields, which the dotted-config walk of
+    test_config does not reach."""
+    import dataclasses
+    import typing
+
+    from rlboost.cli import BENCHES, _bench_parts
+
+    cases = []
+    for name in BENCHES:
+        config, _, _ = _bench_parts(name)
+        hints = typing.get_type_hints(config)
+        for f in dataclasses.fields(config):
+            flag = "--" + f.name.replace("_", "-")
+            if hints[f.name] in (float, float | None):
+                cases.append((name, flag, "{}"))
+            elif hints[f.name] == list[float]:
+                cases.append((name, flag, "1.0,{}"))
+    return cases
+
+
+def test_every_number_flag_of_every_bench_refuses_nan_and_inf(capsys, monkeypatch):
+    from rlboost import cli
+
+    cases = bench_float_flags()
+    parts = cli._bench_parts
+    monkeypatch.setattr(cli, "_bench_parts", lambda name: (parts(name)[0], lambda *a, **k: pytest.fail(
+        f"bench {name} ran with a number that is not finite"), parts(name)[2]))
+    assert {"spec", "hybrid", "weights", "regret", "cluster"} <= {name for name, _, _ in cases}
+    assert len(cases) >= 15
+    for name, flag, value in cases:
+        for bad in ("nan", "inf"):
+            assert main(["bench", name, flag, value.format(bad)]) == 2, (name, flag, bad)
+            assert error_lines(capsys) == [f"error: {flag} must be a finite number, got {bad}"], (name, flag, bad)
+
 BAD_TRACES = {
     "random bytes": (random.Random(0).randbytes(300), "not UTF-8 text"),
     "a negative count": (b"time_s,available_instances\n0,3\n60,-1\n", "3: available_instances must be >= 0"),

@@ -15,6 +15,7 @@ import pytest
 import ray
 
 from hybrid_util import (ENGINE, MODEL, advance, busiest, check_invariants, handed_off, make_whole, patience, run_step,
+                         slow_loads,
                          start_fleet)
 from rlboost.cluster import weights as ws
 from rlboost.hybrid.fleet import WorkerActor
@@ -92,7 +93,7 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet):
 
 def test_an_instance_killed_mid_pull_never_serves_and_blocks_nothing(fleet):
     spec = fleet.spec
-    fleet.spec = dataclasses.replace(spec, pull_delay_s=NEVER_S)
+    fleet.spec = dataclasses.replace(spec, engine_factory=slow_loads(NEVER_S))
     try:
         (h,) = fleet.start(PREEMPTIBLE, 1)
     finally:

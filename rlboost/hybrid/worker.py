@@ -65,9 +65,6 @@ class WorkerSpec:
     ledger_path: str | None = None
     """Append the tokens of every request generated and sent here (`rlboost.hybrid.token_ledger`), so
     the manager and the tests can count exactly what a hard kill lost (rollout.hybrid.ledger_dir)."""
-    pull_delay_s: float = 0.0
-    """Diagnostics: pause this long at the start of every pull, so a test can kill a worker in the
-    middle of one. 0 outside tests."""
     engine_factory: Callable[[WorkerSpec], EngineBackend] | None = None
     """Builds the engine in the worker's process (a module-level callable or a picklable object).
     None: `configured_engine`, the engine `engine.backend` names (rlboost's own, or vLLM)."""
@@ -163,8 +160,6 @@ class RolloutWorker:
         """Fetch, verify and load a published version. The fetch runs outside the engine lock; the swap
         happens only once every bucket passed its checksum, so a failure leaves the old weights."""
         t0 = time.perf_counter()
-        if self.spec.pull_delay_s:
-            time.sleep(self.spec.pull_delay_s)
         reached = self.host.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
             try:
