@@ -16,7 +16,7 @@ import sys
 import pytest
 import ray
 
-from hybrid_util import patience
+from hybrid_util import patience, wait_for
 from rlboost.cluster import ray_setup
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
@@ -384,6 +384,47 @@ ray.get(ray.remote(num_cpus=0, resources={"spot": 1})(lambda: 0).remote(), timeo
 print("NODE", node.pid, flush=True)
 time.sleep(3600)
 """
+
+
+STARTING_DRIVER = """
+import socket, sys, time
+from rlboost.cluster.config import RaySecurityConfig
+from rlboost.cluster.ray_setup import start_node_process
+with socket.socket() as s:  # a port nothing listens on: the node's start waits for a GCS there
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+node = start_node_process(RaySecurityConfig(), address, {"spot": 1})
+print("NODE", node.pid, flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_node_process_ends_with_a_driver_killed_while_it_starts(tmp_path):
+    """The driver can die before its node has joined (here the node waits for a GCS that never
+    answers, as it does for minutes when the driver's GCS died with it): the node process leaves
+    within seconds all the same, instead of waiting out Ray's start-up."""
+    import psutil
+
+    script = tmp_path / "driver.py"
+    script.write_text(STARTING_DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    node = None
+    try:
+        line = driver.stdout.readline()
+        assert line.startswith("NODE"), f"the driver did not start its node: {line!r}"
+        node = psutil.Process(int(line.split()[1]))
+        # once Ray's library is loaded, the node process is in its start (which waits on the GCS)
+        wait_for(lambda: any("_raylet" in m.path for m in node.memory_maps()), 60, "the node process's start")
+        driver.kill()
+        driver.wait()
+        gone, alive = psutil.wait_procs([node], timeout=patience(5))
+        assert not alive, "the node process waited on for its GCS after its driver's death"
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        if node is not None and node.is_running():
+            ray_setup.kill_node_process(node)
 
 
 def test_a_node_process_ends_with_a_driver_killed_without_cleanup(tmp_path):
