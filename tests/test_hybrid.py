@@ -88,8 +88,8 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     as backpressure lets it (max_unacked_reports); then the instance is frozen (SIGSTOP: it sends nothing
     more) and fenced. Held, the instance must stop once that many reports wait unread (plus the one its
     `yield` blocks on, already in its ledger), however long it is held: it is given a while (the bound
-    can only be missed, never falsely broken, on a slow machine) before it is frozen, and the most it
-    had unread at any time in that while is checked. The freeze comes after that while whatever the
+    can only be missed, never falsely broken, on a slow machine) before it is frozen; the most it had
+    unread in that while shows it did run ahead. The freeze comes after that while whatever the
     instance holds then: the balancer may have moved its samples to instances gone idle meanwhile (an
     abort's answer brings their tokens), and a step waiting for an unread count that can no longer
     come would never end."""
@@ -122,7 +122,6 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
         os.kill(victim["h"].pid, signal.SIGSTOP)
         victim["sent"] = read_ledger(fleet.tmp / "ledgers" / f"{victim['h'].name}.ledger").sent
         victim["unread"] = unread(run)
-        victim["most"] = max(victim.get("most", 0), max(victim["unread"].values(), default=0))
         fleet.manager.table.fence(victim["h"].name, "test: found dead by other means than its stream")
 
     try:
@@ -139,8 +138,10 @@ def test_what_a_worker_sent_before_a_death_found_by_other_means_is_received(flee
     [(_, name, reason)] = run.stats.deaths
     assert name == victim["h"].name and reason.startswith("test:"), run.stats.deaths
     unread_at_freeze = victim["unread"]
-    # it ran ahead as far as backpressure lets it, and no further
-    assert ahead * interval <= victim["most"] <= (ahead + 1) * interval, (victim["most"], unread_at_freeze)
+    # it ran ahead as far as backpressure lets it (counted while held, that can include reports the reader
+    # had taken but the step not yet applied: more, never less), and after the hold no further
+    assert victim["most"] >= ahead * interval, victim["most"]
+    assert max(unread_at_freeze.values(), default=0) <= (ahead + 1) * interval, unread_at_freeze
     lost = {rid: n - run.stats.received[rid] for rid, n in victim["sent"].items()
             if rid.rpartition("#")[0] in run.tracked}
     assert lost and max(lost.values()) <= interval, lost  # at most the one report Ray was still carrying
