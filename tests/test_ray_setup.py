@@ -7,6 +7,7 @@ state it touched back as they were.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
 import re
@@ -399,32 +400,42 @@ time.sleep(3600)
 """
 
 
-def test_a_node_process_ends_with_a_driver_killed_while_it_starts(tmp_path):
-    """The driver can die before its node has joined (here the node waits for a GCS that never
-    answers, as it does for minutes when the driver's GCS died with it): the node process leaves
-    within seconds all the same, instead of waiting out Ray's start-up."""
+@contextlib.contextmanager
+def driver_of_a_node(tmp_path, script: str, *args: str, env: dict | None = None):
+    """A driver process running `script`, which starts a node process and prints `NODE <pid>`; yields
+    (the driver's Popen, the node's psutil.Process). Both are ended afterwards, whatever the test did."""
     import psutil
 
-    script = tmp_path / "driver.py"
-    script.write_text(STARTING_DRIVER)
-    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    path = tmp_path / "driver.py"
+    path.write_text(script)
+    driver = subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, text=True, env=env)
     node = None
     try:
         line = driver.stdout.readline()
         assert line.startswith("NODE"), f"the driver did not start its node: {line!r}"
         node = psutil.Process(int(line.split()[1]))
-        # once Ray's library is loaded, the node process is in its start (which waits on the GCS)
-        wait_for(lambda: any("_raylet" in m.path for m in node.memory_maps()), 60, "the node process's start")
-        driver.kill()
-        driver.wait()
-        gone, alive = psutil.wait_procs([node], timeout=patience(5))
-        assert not alive, "the node process waited on for its GCS after its driver's death"
+        yield driver, node
     finally:
         if driver.poll() is None:
             driver.kill()
             driver.wait()
         if node is not None and node.is_running():
             ray_setup.kill_node_process(node)
+
+
+def test_a_node_process_ends_with_a_driver_killed_while_it_starts(tmp_path):
+    """The driver can die before its node has joined (here the node waits for a GCS that never
+    answers, as it does for minutes when the driver's GCS died with it): the node process leaves
+    within seconds all the same, instead of waiting out Ray's start-up."""
+    import psutil
+
+    with driver_of_a_node(tmp_path, STARTING_DRIVER) as (driver, node):
+        # once Ray's library is loaded, the node process is in its start (which waits on the GCS)
+        wait_for(lambda: any("_raylet" in m.path for m in node.memory_maps()), 60, "the node process's start")
+        driver.kill()
+        driver.wait()
+        gone, alive = psutil.wait_procs([node], timeout=patience(5))
+        assert not alive, "the node process waited on for its GCS after its driver's death"
 
 
 def test_a_node_process_ends_with_a_driver_killed_without_cleanup(tmp_path):
@@ -432,25 +443,11 @@ def test_a_node_process_ends_with_a_driver_killed_without_cleanup(tmp_path):
     each node process, in a session of its own, notices its driver is gone and ends its raylet."""
     import psutil
 
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    driver = subprocess.Popen([sys.executable, str(script), str(patience(120))], stdout=subprocess.PIPE,
-                              text=True, env=env)
-    node = None
-    try:
-        line = driver.stdout.readline()
-        assert line.startswith("NODE"), f"the driver did not start its node: {line!r}"
-        node = psutil.Process(int(line.split()[1]))
+    with driver_of_a_node(tmp_path, DRIVER, str(patience(120)), env=env) as (driver, node):
         tree = [node, *node.children(recursive=True)]
         assert any("raylet" in p.name() for p in tree)
         driver.kill()
         driver.wait()
         gone, alive = psutil.wait_procs(tree, timeout=patience(30))
         assert not alive, f"left running after the driver's death: {[p.name() for p in alive]}"
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-        if node is not None and node.is_running():
-            ray_setup.kill_node_process(node)
