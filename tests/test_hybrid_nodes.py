@@ -48,14 +48,21 @@ def test_removed_nodes_lose_no_sample(fleet):
     assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
     # the node goes, its worker process stays: only the cluster (the node table, or the actor's death it
-    # reports) says it is gone. The worker is held still until then, so it cannot finish its share first
-    # and the step always has samples to rescue from it, however fast the machine.
+    # reports) says it is gone. The worker is held still from before the step, so whatever share the step
+    # gives it stays unfinished and there are always samples to rescue from it. (Held from an event of the
+    # step instead, it could already have sent its whole share: the manager's reader takes reports as they
+    # come, and a busy machine's step loop can apply them far later. A CI run beside a CPU hog saw that:
+    # the step ended with the share done, before the node's loss was found.)
     victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
+    fleet.killed.add(victim.name)  # if the test fails before the manager finds it dead, the next is not left with it
 
-    def remove_node_only(run):  # once it works on the step
-        worker.suspend()
+    def holds_samples(run):
+        w = run.state.workers.get(victim.name)
+        return w is not None and len(w.assigned) > 0
+
+    def remove_node_only(run):
         for proc in [node, *node.children(recursive=True)]:
             if proc.pid != victim.pid:
                 proc.kill()
@@ -63,7 +70,8 @@ def test_removed_nodes_lose_no_sample(fleet):
     def resume(run):  # fenced by now: whatever it still sends must be ignored
         worker.resume()
 
-    faults = [(after_tokens(lambda run: victim.name, 8), remove_node_only), (lambda run: run.stats.deaths, resume)]
+    faults = [(holds_samples, remove_node_only), (lambda run: run.stats.deaths, resume)]
+    worker.suspend()
     try:
         out, run = run_step(fleet, faults=faults)
     finally:
