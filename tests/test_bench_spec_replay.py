@@ -7,11 +7,13 @@ import json
 
 import pytest
 
+from rlboost.bench.grpo import chat_prompts
 from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
 from rlboost.cli import main
-from rlboost.data import DatasetError
+from rlboost.data import DatasetError, read_rows
 from rlboost.histospec.recording import read_recording
 from rlboost.histospec.replay import FORWARDED, VARIANTS
+from rlboost.models import ModelConfig, load_model
 
 
 def test_record_then_replay_a_tiny_model(tmp_path, capsys):
@@ -37,6 +39,27 @@ def test_record_then_replay_a_tiny_model(tmp_path, capsys):
     # the replay alone, from the command line
     assert main(["bench", "spec", "--replay", str(path), "--json", str(tmp_path / "out.json")]) == 0
     assert "accepted/verify" in capsys.readouterr().out
+
+
+def test_record_from_a_verl_dataset_with_the_built_in_reward(tmp_path, capsys):
+    """`--data`: the first `--prompts` rows of a veRL dataset (gsm8k's schema as veRL's preprocessing
+    writes it) are recorded, scored by the built-in reward; each step's reward is logged."""
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"data_source": "openai/gsm8k", "ability": "math",
+             "prompt": [{"role": "user", "content": f"Sam has {i} apples and buys {i + 2} more. How many? "
+                                                    'Let\'s think step by step and output the final answer after "####".'}],
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)}} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "histories.jsonl"
+    logged = []
+    bench_spec(SpecBenchConfig(model="tiny:qwen2", prompts=2, max_tokens=4, temperatures=[1.0], record_epochs=1,
+                               record=str(path), data=str(data)), log=logged.append)
+    tokenizer = load_model(ModelConfig(path="tiny:qwen2")).tokenizer
+    assert [list(g.prompt) for g in read_recording(path)] == chat_prompts(tokenizer, read_rows(data)[:2])
+    assert len(logged) == 1 and logged[0].startswith("T=1 step 1: reward 0.000")
+    # --data is the recorder's: the timed bench refuses it, in one line
+    assert main(["bench", "spec", "--data", str(data)]) == 2
+    assert "--data: only --record reads a dataset" in capsys.readouterr().out
 
 
 def test_a_bad_recording_is_one_line_and_exit_2(tmp_path, capsys):
