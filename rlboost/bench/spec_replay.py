@@ -28,6 +28,8 @@ from rlboost.histospec.recording import GroupRecorder, read_recording
 from rlboost.histospec.replay import replay
 from rlboost.models import ModelConfig, load_model
 from rlboost.rewards.builtin import compute_score
+from rlboost.rewards.config import RewardConfig
+from rlboost.rewards.loading import load_reward_fn
 
 
 def record_histories(cfg, path: Path, log=lambda *a: None) -> None:
@@ -52,13 +54,16 @@ def record_histories(cfg, path: Path, log=lambda *a: None) -> None:
 
 def _prompts(cfg) -> tuple[list, object]:
     """The rows to record and their reward (None: the showcase's): `cfg.data`'s first `cfg.prompts` rows
-    with the built-in reward, else the showcase's arithmetic prompts."""
-    if not cfg.data:
-        return arithmetic_rows(cfg.prompts, cfg.seed, "train"), None
-    rows = read_rows(cfg.data)[:cfg.prompts]
-    if not rows:
-        raise DatasetError(f"--data {cfg.data}: no rows")
-    return rows, compute_score
+    or the showcase's arithmetic prompts; `cfg.reward`'s function, else the built-in one for `cfg.data`."""
+    if cfg.data:
+        rows = read_rows(cfg.data)[:cfg.prompts]
+        if not rows:
+            raise DatasetError(f"--data {cfg.data}: no rows")
+    else:
+        rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
+    if cfg.reward:
+        return rows, load_reward_fn(RewardConfig(path=cfg.reward))
+    return rows, compute_score if cfg.data else None
 
 
 def replay_result(cfg, path: Path) -> dict:
@@ -72,7 +77,8 @@ def replay_result(cfg, path: Path) -> dict:
     rows = replay(groups, instances=cfg.instances, stream_interval=cfg.stream_interval,
                   sibling_tokens_per_step=cfg.sibling_tokens_per_step)
     return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
-                                                   "record_epochs": cfg.record_epochs, "data": cfg.data} if cfg.record else {}) | spread,
+                                                   "record_epochs": cfg.record_epochs, "data": cfg.data,
+                                                   "reward": cfg.reward} if cfg.record else {}) | spread,
             "machine": {"cpus": os.cpu_count()}, "replay": rows}
 
 
