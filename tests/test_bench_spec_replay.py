@@ -7,11 +7,15 @@ import json
 
 import pytest
 
+from rlboost.bench.grpo import chat_prompts
 from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
 from rlboost.cli import main
-from rlboost.data import DatasetError
+from rlboost.data import DatasetError, read_rows
 from rlboost.histospec.recording import read_recording
 from rlboost.histospec.replay import FORWARDED, VARIANTS
+from rlboost.models import ModelConfig, load_model
+from rlboost.rewards.config import RewardConfig
+from rlboost.rewards.loading import load_reward_fn
 
 
 def test_record_then_replay_a_tiny_model(tmp_path, capsys):
@@ -37,6 +41,47 @@ def test_record_then_replay_a_tiny_model(tmp_path, capsys):
     # the replay alone, from the command line
     assert main(["bench", "spec", "--replay", str(path), "--json", str(tmp_path / "out.json")]) == 0
     assert "accepted/verify" in capsys.readouterr().out
+
+
+def test_record_from_a_verl_dataset_with_the_built_in_reward(tmp_path, capsys):
+    """`--data`: the first `--prompts` rows of a veRL dataset (gsm8k's schema as veRL's preprocessing
+    writes it) are recorded, scored by the built-in reward; each step's reward is logged."""
+    data = tmp_path / "gsm8k.jsonl"
+    rows = [{"data_source": "openai/gsm8k", "ability": "math",
+             "prompt": [{"role": "user", "content": f"Sam has {i} apples and buys {i + 2} more. How many? "
+                                                    'Let\'s think step by step and output the final answer after "####".'}],
+             "reward_model": {"style": "rule", "ground_truth": str(2 * i + 2)}} for i in range(3)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path = tmp_path / "histories.jsonl"
+    logged = []
+    bench_spec(SpecBenchConfig(model="tiny:qwen2", prompts=2, max_tokens=4, temperatures=[1.0], record_epochs=1,
+                               record=str(path), data=str(data)), log=logged.append)
+    tokenizer = load_model(ModelConfig(path="tiny:qwen2")).tokenizer
+    assert [list(g.prompt) for g in read_recording(path)] == chat_prompts(tokenizer, read_rows(data)[:2])
+    assert len(logged) == 1 and logged[0].startswith("T=1 step 1: reward 0.000")
+    # --reward: a veRL reward file instead
+    reward = tmp_path / "quarter.py"
+    reward.write_text("def score(data_source, solution_str, ground_truth, extra_info=None):\n    return 0.25\n")
+    logged.clear()
+    bench_spec(SpecBenchConfig(model="tiny:qwen2", prompts=1, max_tokens=2, temperatures=[1.0], record_epochs=1,
+                               record=str(tmp_path / "h2.jsonl"), data=str(data), reward=f"{reward}:score"),
+               log=logged.append)
+    assert logged[0].startswith("T=1 step 1: reward 0.250, groups with signal 0%")
+    # both are the recorder's: the timed bench refuses them, in one line
+    for flag, value in (("--data", data), ("--reward", reward)):
+        assert main(["bench", "spec", flag, str(value)]) == 2
+        assert f"{flag}: only --record uses it" in capsys.readouterr().out
+
+
+def test_the_shaped_math_reward_pays_for_the_number_and_the_form():
+    fn = load_reward_fn(RewardConfig(path="examples/rewards/math_shaped.py"))
+    score = lambda text: fn(data_source="openai/gsm8k", solution_str=text, ground_truth="72", extra_info=None)
+    assert score("48 + 24 = 72\n#### 72") == 1.0
+    assert score("so 1,000 - 928 = 72.\n#### 72") == 1.0
+    assert score("she sold 72 clips") == 0.5          # the right number, not in the asked form
+    assert score("#### 71") == 0.1                     # the form, a wrong number
+    assert score("#### 72 clips and then 5") == 0.0    # the form must end the response; last number wrong
+    assert score("no idea") == 0.0
 
 
 def test_a_bad_recording_is_one_line_and_exit_2(tmp_path, capsys):

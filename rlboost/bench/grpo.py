@@ -43,12 +43,14 @@ class GrpoStep:
 
 
 def grpo_steps(loaded, engine, rows, prompts, *, lr: float, steps: int, max_tokens: int,
-               seed: int, per_step: int | None = None, temperature: float | None = None) -> Iterator[GrpoStep]:
+               seed: int, per_step: int | None = None, temperature: float | None = None,
+               reward_fn=None) -> Iterator[GrpoStep]:
     """`steps` RL steps of `per_step` prompts (default: the showcase's batch) from `rows`/`prompts`, sampled
-    at `temperature` (default: the showcase's)."""
+    at `temperature` (default: the showcase's), scored by `reward_fn` (veRL's signature; default: the
+    showcase's)."""
     showcase = OmegaConf.load(SHOWCASE)
     train_cfg = _section(TrainerConfig, showcase.trainer, lr=lr, device="cpu")
-    reward_fn = load_reward_fn(_section(RewardConfig, showcase.reward))
+    reward_fn = reward_fn or load_reward_fn(_section(RewardConfig, showcase.reward))
     n = showcase.rollout.n
     temperature = showcase.rollout.temperature if temperature is None else temperature
     per_step = per_step or showcase.data.train_batch_size

@@ -74,6 +74,13 @@ class SpecBenchConfig:
     per temperature over the prompts, each step one epoch of them), then replay them."""
     record_epochs: int = 5
     """GRPO steps (epochs of the prompts) per temperature that `--record` records."""
+    data: str = ""
+    """`--record` from the first `prompts` rows of this veRL dataset (parquet or JSONL: `data_source`,
+    chat `prompt`, `reward_model.ground_truth`), scored by the built-in reward (math-verify for gsm8k,
+    MATH, ...), instead of the showcase's arithmetic prompts and shaped reward."""
+    reward: str = ""
+    """`--record`'s reward instead: a veRL custom reward file (`file.py` or `file.py:function`, the
+    signature of `reward.path`), e.g. examples/rewards/math_shaped.py for `--data` math rows."""
     replay: str = ""
     """Instead of the timed bench: replay this recording (JSONL, `rlboost.histospec.recording`) with each
     drafter, no model and no timing: accepted tokens per verify step and decode steps saved."""
@@ -107,6 +114,9 @@ class SpecBenchConfig:
                                    ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
             if value < least:
                 raise ValueError(f"--{flag} must be >= {least}, got {value}")
+        for flag, value in (("data", self.data), ("reward", self.reward)):
+            if value and not self.record:
+                raise ValueError(f"--{flag}: only --record uses it (the timed bench runs the showcase's prompts)")
         if self.record or self.replay:
             return  # no engine runs: the backends are not used
         unknown = sorted(set(self.backends) - set(BACKENDS))
@@ -116,10 +126,10 @@ class SpecBenchConfig:
             check_vllm_methods(self.vllm_methods)
 
 
-def bench_spec(cfg: SpecBenchConfig) -> dict:
+def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
     cfg.validate()
     if cfg.record:
-        record_histories(cfg, Path(cfg.record))
+        record_histories(cfg, Path(cfg.record), log)
     if cfg.record or cfg.replay:
         return replay_result(cfg, Path(cfg.record or cfg.replay))
     loaded = load_model(ModelConfig(path=cfg.model))

@@ -2,8 +2,10 @@
 
 `--record FILE`: for each of `temperatures`, from the model's own weights, `record_epochs` real GRPO
 steps (`rlboost.bench.grpo`: the showcase's reward, n and trainer settings, rlboost's engine on the
-CPU, no drafter) over the `prompts` arithmetic prompts, every step rolling out each prompt once (one
-epoch per step), each step's groups appended to FILE (`rlboost.histospec.recording`, run `T=<t>`);
+CPU, no drafter) over the `prompts` arithmetic prompts (or, with `--data`, the first `prompts` rows of a
+veRL dataset scored by the built-in reward: a math set such as gsm8k), every step rolling out each
+prompt once (one epoch per step), each step's groups appended to FILE (`rlboost.histospec.recording`,
+run `T=<t>`), its reward and lengths logged;
 then FILE is replayed. `--replay FILE`: only the replay (`rlboost.histospec.replay`), no model and no
 timing: per run, epoch and drafter (`ngram`, the suffix drafter per source, `suffix`), accepted
 tokens per verify step and the share of decode steps saved, acceptance being exact match with the
@@ -20,28 +22,48 @@ from pathlib import Path
 from rich.table import Table
 
 from rlboost.bench.grpo import chat_prompts, grpo_steps
-from rlboost.data import DatasetError, arithmetic_rows
+from rlboost.data import DatasetError, arithmetic_rows, read_rows
 from rlboost.engine import EngineConfig, LLMEngine
 from rlboost.histospec.recording import GroupRecorder, read_recording
 from rlboost.histospec.replay import replay
 from rlboost.models import ModelConfig, load_model
+from rlboost.rewards.builtin import compute_score
+from rlboost.rewards.config import RewardConfig
+from rlboost.rewards.loading import load_reward_fn
 
 
-def record_histories(cfg, path: Path) -> None:
+def record_histories(cfg, path: Path, log=lambda *a: None) -> None:
     """Record `cfg.record_epochs` GRPO steps per temperature to `path` (which must not exist)."""
     if path.exists():
         raise DatasetError(f"--record {path}: the file exists; a recording is written whole (choose another path)")
+    rows, reward_fn = _prompts(cfg)
     for t in cfg.temperatures:
         loaded = load_model(ModelConfig(path=cfg.model))  # each temperature trains from the same weights
-        rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
         prompts = chat_prompts(loaded.tokenizer, rows)
         engine = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, EngineConfig(device="cpu"),
                            eos_token_ids=loaded.eos_token_ids)
         recorder = GroupRecorder(path, run=f"T={t:g}")
         for step, grpo in enumerate(grpo_steps(loaded, engine, rows, prompts, lr=cfg.lr, steps=cfg.record_epochs,
                                                max_tokens=cfg.max_tokens, seed=cfg.seed, per_step=len(prompts),
-                                               temperature=t), 1):
+                                               temperature=t, reward_fn=reward_fn), 1):
             recorder.record(step, [(g.samples[0].prompt_ids, [s.response_ids for s in g.samples]) for g in grpo.groups])
+            tokens = [len(s.response_ids) for g in grpo.groups for s in g.samples]
+            log(f"T={t:g} step {step}: reward {grpo.reward_mean:.3f}, groups with signal {grpo.groups_with_signal:.0%}, "
+                f"{sum(tokens) / len(tokens):.1f} tokens per response, grad norm {grpo.grad_norm:.3g}")
+
+
+def _prompts(cfg) -> tuple[list, object]:
+    """The rows to record and their reward (None: the showcase's): `cfg.data`'s first `cfg.prompts` rows
+    or the showcase's arithmetic prompts; `cfg.reward`'s function, else the built-in one for `cfg.data`."""
+    if cfg.data:
+        rows = read_rows(cfg.data)[:cfg.prompts]
+        if not rows:
+            raise DatasetError(f"--data {cfg.data}: no rows")
+    else:
+        rows = arithmetic_rows(cfg.prompts, cfg.seed, "train")
+    if cfg.reward:
+        return rows, load_reward_fn(RewardConfig(path=cfg.reward))
+    return rows, compute_score if cfg.data else None
 
 
 def replay_result(cfg, path: Path) -> dict:
@@ -55,7 +77,8 @@ def replay_result(cfg, path: Path) -> dict:
     rows = replay(groups, instances=cfg.instances, stream_interval=cfg.stream_interval,
                   sibling_tokens_per_step=cfg.sibling_tokens_per_step)
     return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
-                                                   "record_epochs": cfg.record_epochs} if cfg.record else {}) | spread,
+                                                   "record_epochs": cfg.record_epochs, "data": cfg.data,
+                                                   "reward": cfg.reward} if cfg.record else {}) | spread,
             "machine": {"cpus": os.cpu_count()}, "replay": rows}
 
 
