@@ -20,8 +20,8 @@ of accepted tokens wins (ties: the one with more occurrences behind it, then the
 then the order of `sources`). A draft is at most
 ceil(`suffix_spec_factor` x match length) and `max_draft` tokens, and stops where its estimated
 acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`); with `suffix_adaptive`
-(the default) each request's drafts are also capped by its own acceptance, as the n-gram drafter
-sizes them (`feedback`). Whether a step drafts at
+each request's drafts are also capped by its own acceptance, as the n-gram drafter sizes them
+(`feedback`). Whether a step drafts at
 all is the engine's batch-aware budget. Lossless whatever it proposes: the engine verifies.
 Pure: no clock, no threads; deterministic for the same calls.
 """
