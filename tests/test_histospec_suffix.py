@@ -205,6 +205,26 @@ def test_draft_length_follows_the_match_length_and_max_draft():
     assert drafter.propose("r", PROMPT + response[:20]) == response[20:26]  # long match: max_draft
 
 
+def test_a_requests_drafts_shrink_after_rejections_and_grow_back_when_accepted():
+    """`suffix_adaptive`: the trie's confidence is capped by what the request's drafts actually got."""
+    store = HistoryStore()
+    response = list(range(100, 140))
+    store.update(PROMPT, [response])
+    for adaptive in (True, False):
+        drafter = _suffix(store, sources=["history"], max_draft=6, suffix_adaptive=adaptive)
+        drafter.start("r", PROMPT)
+        assert drafter.propose("r", PROMPT + response[:10]) == response[10:16]
+        drafter.feedback("r", 6, 1)  # one of six accepted: two next time
+        assert drafter.propose("r", PROMPT + response[:12]) == response[12:14 if adaptive else 18]
+        drafter.feedback("r", 2, 2)
+        drafter.feedback("r", 3, 3)
+        assert drafter.propose("r", PROMPT + response[:14]) == response[14:18 if adaptive else 20]
+        drafter.feedback("r", 4, 0)
+        assert drafter.propose("r", PROMPT + response[:15]) == response[15:16 if adaptive else 21]
+        drafter.start("s", PROMPT)  # a new request starts from max_draft
+        assert drafter.propose("s", PROMPT + response[:10]) == response[10:16]
+
+
 def test_hook_edges_unknown_requests_feedback_and_reused_ids():
     drafter = _suffix()
     assert drafter.propose("nobody", PROMPT) == []

@@ -192,7 +192,10 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
             stats = spec.spec_stats
             out.append(where | {"backend": backend, "drafter": drafter} | _compared(base, timed) | {
                 "accepted_per_verify": stats.accepted / stats.verifications if stats.verifications else 0.0,
-                "spec_step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0})
+                "drafted_per_verify": stats.drafted / stats.verifications if stats.verifications else 0.0,
+                "spec_step_fraction": stats.verify_steps / stats.decode_steps if stats.decode_steps else 0.0,
+                # time of the verify steps over what plain steps would have taken for their tokens: > 1, they lost
+                "verify_cost": stats.verify_s / stats.plain_equivalent_s if stats.plain_equivalent_s else None})
         for method, engine in (vllm.methods.items() if vllm else ()):
             base = _timed(vllm.plain, waves, params)
             before = dataclasses.replace(engine.vllm_spec)

@@ -43,7 +43,7 @@ class DraftConfig:
     least this. suffix: while the product of those probabilities along the draft (its estimated
     acceptance) does."""
     min_draft: int = 1
-    """ngram: shortest draft a request shrinks to after rejections."""
+    """Shortest draft a request shrinks to after rejections (ngram; suffix with `suffix_adaptive`)."""
     max_draft: int = 8
     """Longest draft, both drafters (ngram: the length a request grows to while its drafts are fully
     accepted)."""
@@ -55,6 +55,13 @@ class DraftConfig:
     suffix_spec_factor: float = 1.0
     """suffix: a match of k tokens drafts at most ceil(suffix_spec_factor * k) tokens (SuffixDecoding's
     max_spec_factor): longer matches are more reliable."""
+    suffix_adaptive: bool = False
+    """suffix: also cap each request's drafts as ngram sizes them (from `max_draft`: +1 after a fully
+    accepted draft, down to accepted + 1 after a rejection, at least `min_draft`). For engines whose
+    verify step costs per draft token (a CPU; a GPU at large batch): the trie's counts, from a few
+    responses, are confident where sampling is not. It drafts fewer tokens that would have been
+    accepted too: replayed on SmolLM2's T=0.6 histories, epoch 4 saves 41% of decode steps instead
+    of 47%. False: SuffixDecoding's lengths only."""
 
     def validate(self) -> None:
         if self.drafter not in DRAFTERS:

@@ -19,7 +19,9 @@ least `min_order` tokens, at most `suffix_max_depth - 1`); the one with the high
 of accepted tokens wins (ties: the one with more occurrences behind it, then the longer match,
 then the order of `sources`). A draft is at most
 ceil(`suffix_spec_factor` x match length) and `max_draft` tokens, and stops where its estimated
-acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`). Whether a step drafts at
+acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`); with `suffix_adaptive`
+each request's drafts are also capped by its own acceptance, as the n-gram drafter sizes them
+(`feedback`). Whether a step drafts at
 all is the engine's batch-aware budget. Lossless whatever it proposes: the engine verifies.
 Pure: no clock, no threads; deterministic for the same calls.
 """
@@ -70,6 +72,8 @@ class _Request:
     group_state: list = field(default_factory=list)
     group_indexed: int = 0
     """Output tokens of this request in its group's trie."""
+    limit: int = 0
+    """Longest draft it may propose now (`DraftConfig.suffix_adaptive`)."""
 
 
 class SuffixDrafter:
@@ -104,7 +108,8 @@ class SuffixDrafter:
             trie = SuffixTrie(self.config.suffix_max_depth)
             group = self._groups[key] = _Group(key, trie, trie.extend(self._tail(prompt), trie.start()))
         group.members.add(request_id)
-        self._requests[request_id] = _Request(prompt, group, self._generation - 1, group_state=list(group.after_prompt))
+        self._requests[request_id] = _Request(prompt, group, self._generation - 1, group_state=list(group.after_prompt),
+                                              limit=self.config.max_draft)
 
     def propose(self, request_id: str, context: Sequence[int]) -> list[int]:
         req = self._requests.get(request_id)
@@ -114,19 +119,26 @@ class SuffixDrafter:
         best: tuple[tuple[float, int, int, int], Candidate] | None = None
         cfg = self.config
         tail = list(context[-(cfg.suffix_max_depth - 1):])
+        max_len = (lambda k: min(self._max_len(k), req.limit)) if cfg.suffix_adaptive else self._max_len
         for rank, trie in enumerate(tries):
             if trie is None:
                 continue
-            for cand in trie.candidates(tail, cfg.min_order, cfg.min_probability, self._max_len):
+            for cand in trie.candidates(tail, cfg.min_order, cfg.min_probability, max_len):
                 key = (cand.score, cand.support, cand.match_len, -rank)
                 if cand.tokens and (best is None or key > best[0]):
                     best = (key, cand)
         return list(best[1].tokens) if best is not None else []
 
     def feedback(self, request_id: str, drafted: int, accepted: int) -> None:
-        # the tries' counts already estimate acceptance; nothing to adapt per request
         if not 0 <= accepted <= drafted:
             raise ValueError(f"need 0 <= accepted <= drafted, got accepted={accepted}, drafted={drafted}")
+        req, cfg = self._requests.get(request_id), self.config
+        if req is None or drafted == 0:
+            return
+        if accepted == drafted:
+            req.limit = min(cfg.max_draft, req.limit + 1)
+        else:
+            req.limit = max(cfg.min_draft, min(req.limit - 1, accepted + 1))
 
     def finish(self, request_id: str) -> None:
         req = self._requests.pop(request_id, None)
