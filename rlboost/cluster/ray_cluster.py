@@ -53,10 +53,12 @@ def _call(fn):
     return fn()
 
 
-FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
-                    "health_check_failure_threshold": 3}
+FAST_NODE_HEALTH = {"health_check_period_ms": 500, "health_check_timeout_ms": 1000,
+                    "health_check_failure_threshold": 5}
 """Ray's default takes ~15 s to declare a silent node dead; a local emulation of spot instances wants
-the cluster's view of a vanished node within about a second, like a cloud's preemption signal."""
+the cluster's view of a vanished node within a few seconds, like a cloud's preemption signal (2.5-5 s
+here). Not faster: 3 misses of 300 ms let the GCS declare a healthy raylet dead while it started up
+on a loaded 2-core machine (a CI run beside a CPU hog), a preemption nobody made."""
 
 
 class Cluster:
