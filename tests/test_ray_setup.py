@@ -21,6 +21,7 @@ from hybrid_util import patience, wait_for
 from rlboost.cluster import ray_setup
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig, RaySecurityConfig
+from rlboost.cluster.ray_cluster import FAST_NODE_HEALTH
 from rlboost.cluster.ray_setup import (
     add_node,
     gcs_refuses_unauthenticated,
@@ -28,9 +29,6 @@ from rlboost.cluster.ray_setup import (
     start_local_cluster,
     start_local_ray,
 )
-
-FAST_NODE_HEALTH = {"health_check_period_ms": 300, "health_check_timeout_ms": 300,
-                    "health_check_failure_threshold": 3}
 
 CLIENT = """
 import sys, ray
