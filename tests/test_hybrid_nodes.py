@@ -52,7 +52,10 @@ def test_removed_nodes_lose_no_sample(fleet):
     # gives it stays unfinished and there are always samples to rescue from it. (Held from an event of the
     # step instead, it could already have sent its whole share: the manager's reader takes reports as they
     # come, and a busy machine's step loop can apply them far later. A CI run beside a CPU hog saw that:
-    # the step ended with the share done, before the node's loss was found.)
+    # the step ended with the share done, before the node's loss was found.) The step has no seeding
+    # window, so every worker gets its share when it starts: with one, the reserved worker may finish the
+    # step before the hand-off gives the held worker anything, and nothing is left to find (a later CI
+    # run beside a hog saw that: no sample held, no node removed, no death).
     victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
@@ -62,7 +65,10 @@ def test_removed_nodes_lose_no_sample(fleet):
         w = run.state.workers.get(victim.name)
         return w is not None and len(w.assigned) > 0
 
+    removed = []
+
     def remove_node_only(run):
+        removed.append(True)
         for proc in [node, *node.children(recursive=True)]:
             if proc.pid != victim.pid:
                 proc.kill()
@@ -73,10 +79,11 @@ def test_removed_nodes_lose_no_sample(fleet):
     faults = [(holds_samples, remove_node_only), (lambda run: run.stats.deaths, resume)]
     worker.suspend()
     try:
-        out, run = run_step(fleet, faults=faults)
+        out, run = run_step(fleet, handoff=None, faults=faults)
     finally:
         if worker.is_running():
             worker.resume()
+    assert removed, "the step never gave the held worker a sample, so its node was never removed"
     check_invariants(out, run, state=fleet.served())
     [(_, name, reason)] = run.stats.deaths
     # found out from the cluster (the node table, or the actor's death it reports), not by waiting out
