@@ -308,7 +308,7 @@ def validate(cfg: RLBoostConfig) -> None:
     if cfg.rollout.hybrid.provider == "ray_cluster" and not cfg.cluster.ray_address:
         raise ConfigError("rollout.hybrid.provider=ray_cluster needs cluster.ray_address (a running cluster)")
     try:
-        cfg.engine.check_histospec(cfg.rollout.histospec.enabled)
+        cfg.engine.check_histospec(cfg.rollout.histospec.enabled, cfg.rollout.histospec.drafter)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     if cfg.trainer.tis_cap and optimizer_steps_per_step(cfg) > 1:

@@ -98,10 +98,11 @@ def test_replay_over_instances_reports_local_and_forwarded_siblings(tmp_path, ca
     path.write_text(json.dumps({"step": 1, "prompt": [90, 91, 92], "responses": [a, b]}) + "\n")
     out = tmp_path / "out.json"
     assert main(["bench", "spec", "--replay", str(path), "--instances", "2", "--stream-interval", "4",
-                 "--json", str(out)]) == 0
+                 "--min-order", "2", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["config"] | {"recording": ""} == {"recording": "", "instances": 2, "stream_interval": 4,
-                                                    "sibling_tokens_per_step": 16384}
+                                                    "sibling_tokens_per_step": 16384, "min_order": 2,
+                                                    "suffix_tree_tokens": 8}
     rows = {r["drafter"]: r for r in result["replay"]}
     assert set(rows) == set(VARIANTS + FORWARDED)
     # a and b on two engines: b drafts a's tail (after its 40 41 42) only when a is forwarded
@@ -109,6 +110,10 @@ def test_replay_over_instances_reports_local_and_forwarded_siblings(tmp_path, ca
     assert "2 instances" in capsys.readouterr().out
     assert main(["bench", "spec", "--replay", str(path), "--instances", "0"]) == 2
     assert "--instances must be >= 1, got 0" in capsys.readouterr().out
+    assert main(["bench", "spec", "--replay", str(path), "--suffix-tree-tokens", "0"]) == 2
+    assert "--suffix-tree-tokens must be >= 1, got 0" in capsys.readouterr().out
+    assert main(["bench", "spec", "--replay", str(path), "--min-order", "24"]) == 2
+    assert "--min-order must be < 24" in capsys.readouterr().out
     # checked before a recording starts, not after its hours of GRPO steps
     out = tmp_path / "never.jsonl"
     assert main(["bench", "spec", "--model", "tiny:qwen2", "--record", str(out), "--stream-interval", "0"]) == 2

@@ -83,7 +83,7 @@ def test_shipped_configs_are_valid_and_complete():
     ("rollout.mode=spot", "rollout.mode='spot'; choose one of colocated, hybrid"),
     ("rollout.histopipe.overrun_factor=0.5", "rollout.histopipe.overrun_factor must be a finite number >= 1"),
     ("rollout.histospec.min_order=9", "rollout.histospec.max_order must be >= min_order"),
-    ("rollout.histospec.drafter=tree", "rollout.histospec.drafter must be one of ngram, suffix, got 'tree'"),
+    ("rollout.histospec.drafter=tree", "rollout.histospec.drafter must be one of ngram, suffix, suffix_tree, got 'tree'"),
     ("rollout.histospec.suffix_spec_factor=0", "rollout.histospec.suffix_spec_factor must be > 0"),
     ("rollout.histospec.sibling_tokens_per_step=-1",
      "rollout.histospec.sibling_tokens_per_step must be an integer >= 0 (0: off), got -1"),
@@ -137,9 +137,10 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
     validate(load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "data.train_batch_size=4"]))
 
 
-def test_histospec_on_vllm_is_refused_only_across_tensor_parallel_processes():
+def test_histospec_on_vllm_is_refused_across_tensor_parallel_processes_and_with_draft_trees():
     """vLLM verifies HistoSpec's drafts in the engine's process; its tensor-parallel workers run in
-    others, where the drafter cannot answer: that pair is refused before anything starts."""
+    others, where the drafter cannot answer: that pair is refused before anything starts. vLLM
+    verifies single paths, so the tree drafter is refused there too, by name."""
     from rlboost.assembly import validate
 
     validate(load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"]))
@@ -148,6 +149,10 @@ def test_histospec_on_vllm_is_refused_only_across_tensor_parallel_processes():
     with pytest.raises(ConfigError, match="rollout.histospec.enabled with engine.backend=vllm needs "
                                           "engine.vllm_tensor_parallel_size=1 \\(got 2\\)"):
         validate(cfg)
+    tree = ["rollout.histospec.enabled=true", "rollout.histospec.drafter=suffix_tree"]
+    validate(load_config(RLBoostConfig, overrides=tree))
+    with pytest.raises(ConfigError, match="rollout.histospec.drafter=suffix_tree needs engine.backend=rlboost"):
+        validate(load_config(RLBoostConfig, overrides=tree + ["engine.backend=vllm"]))
 
 
 # --- nan and inf --------------------------------------------------------------------------------------

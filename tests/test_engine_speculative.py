@@ -1,6 +1,7 @@
 """Speculative decoding in the engine (the HistoSpec hook): lossless and exact. Drafters here are test
-doubles that propose a known continuation, deliberately wrong tokens, or a mix, so every path
-(full acceptance, partial acceptance with KV rollback, rejection, bonus token) is exercised."""
+doubles that propose a known continuation, deliberately wrong tokens, or a mix, as paths or as trees
+with decoy branches, so every path (full acceptance, partial acceptance with KV rollback, rejection,
+bonus token, a branch other than the first accepted and its K/V moved into place) is exercised."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import torch
 import rlboost.engine.engine as engine_module
 from conftest import make_engine, random_prompts
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.engine.draft_tree import DraftTree
 from rlboost.models import tiny_model
 
 
@@ -44,6 +46,10 @@ class ScriptedDrafter:
         self.prompts.pop(request_id, None)
 
 
+SAMPLING_MODES = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0),
+                  "top_k": dict(temperature=0.8, top_k=20), "top_p": dict(temperature=1.0, top_p=0.9)}
+
+
 def generate(engine: LLMEngine, prompts, params):
     return engine.generate(prompts, [dataclasses.replace(params, seed=100 + i) for i in range(len(prompts))])
 
@@ -69,6 +75,79 @@ def test_speculation_changes_no_token(family, temperature, wrong_every):
         assert accepted == 0 and drafted > 0  # every draft rejected: one token per step, still exact
     else:
         assert 0 < accepted < drafted  # partial runs: the rejected tail's K/V is rolled back
+
+
+class DecoyTreeDrafter(ScriptedDrafter):
+    """Drafts ScriptedDrafter's path as a tree in which every draft token has a decoy sibling listed
+    before it (token + 1): the path the engine must accept is never the tree's first branch, so its
+    nodes sit in columns other than their depths. `shapes` cycles per request over "tree", "path"
+    (the plain list) and "none"."""
+
+    def __init__(self, *args, shapes=("tree",), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.shapes = shapes
+        self.accepted_depths: list[int] = []
+
+    def propose(self, request_id, context):
+        path = super().propose(request_id, context)
+        shape = self.shapes[sorted(self.prompts).index(request_id) % len(self.shapes)]
+        if shape != "tree":
+            return path if shape == "path" else []
+        tokens, parents, parent = [], [], -1
+        for t in path:
+            tokens += [(t + 1) % self.vocab, t]
+            parents += [parent, parent]
+            parent = len(tokens) - 1
+        return DraftTree(tuple(tokens), tuple(parents))
+
+    def feedback(self, request_id, drafted, accepted):
+        super().feedback(request_id, drafted, accepted)
+        self.accepted_depths.append(accepted)
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "top_k", "top_p"])
+@pytest.mark.parametrize("wrong_every, shapes", [(0, ("tree",)), (3, ("tree",)), (3, ("tree", "path", "none"))])
+def test_draft_trees_change_no_token(family, mode, wrong_every, shapes):
+    prompts = random_prompts([5, 9, 3, 12], seed=1)
+    params = SamplingParams(max_tokens=40, ignore_eos=True, **SAMPLING_MODES[mode])
+    plain = generate(make_engine(family), prompts, params)
+    drafter = DecoyTreeDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, wrong_every=wrong_every,
+                               shapes=shapes)
+    spec_engine = make_engine(family, spec_max_batch=8)
+    spec_engine.drafter = drafter
+    spec = generate(spec_engine, prompts, params)
+    for a, b in zip(plain, spec):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4  # the target model's log-probs
+    # branches other than the first were accepted, several nodes deep (their K/V moved into place;
+    # with every third token wrong, at most 2)
+    assert max(drafter.accepted_depths) >= (2 if wrong_every else 4), drafter.accepted_depths
+
+
+def test_draft_trees_need_the_accepted_branch_moved_into_place(monkeypatch):
+    """The test above has the power to catch a verifier that leaves an accepted branch's K/V in its
+    columns: without the move, the next steps attend to the decoys' keys and the output changes."""
+    prompts = random_prompts([5, 9], seed=1)
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = generate(make_engine("qwen2"), prompts, params)
+    monkeypatch.setattr(LLMEngine, "_compact", lambda self, seq, columns: None)
+    engine = make_engine("qwen2", spec_max_batch=8)
+    engine.drafter = DecoyTreeDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)})
+    assert [c.token_ids for c in generate(engine, prompts, params)] != [c.token_ids for c in plain]
+
+
+def test_draft_trees_are_cut_to_the_context_left():
+    """Near max_model_len a tree keeps only as many nodes as the cache has positions left (each node's
+    K/V takes one until verified), and the output is still plain decoding's."""
+    prompts = random_prompts([10, 13], seed=6)
+    params = SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True)
+    plain = generate(make_engine("llama", max_model_len=24), prompts, params)
+    assert all(len(p) + len(c.token_ids) == 24 for p, c in zip(prompts, plain))
+    drafter = DecoyTreeDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, length=6)
+    engine = make_engine("llama", max_model_len=24, spec_max_batch=8)
+    engine.drafter = drafter
+    assert [c.token_ids for c in generate(engine, prompts, params)] == [c.token_ids for c in plain]
+    assert sum(drafter.accepted_depths) > 0
 
 
 def test_stop_tokens_and_max_tokens_inside_an_accepted_run():
@@ -141,7 +220,7 @@ def test_sampled_output_is_distributed_as_without_speculation(monkeypatch, rule)
     model = tiny_model("qwen2", seed=3, vocab_size=vocab)
     expected = _marginal_of_second_token(model, [1, 2, 3], vocab) * n
     if rule == "accept_every_draft":
-        monkeypatch.setattr(engine_module, "accepted_prefix", lambda draft, drawn: len(draft))
+        monkeypatch.setattr(engine_module, "accepted_nodes", lambda tree, drawn: list(range(len(tree))))
     drafted = int(torch.argsort(expected)[vocab // 2])  # a middling-probability token
     engine = LLMEngine(tiny_model("qwen2", seed=3, vocab_size=vocab),
                        EngineConfig(device="cpu", max_num_seqs=500, spec_max_batch=500))
@@ -156,10 +235,6 @@ def test_sampled_output_is_distributed_as_without_speculation(monkeypatch, rule)
         assert chi2 < critical, (chi2, counts.tolist(), expected.tolist())
     else:
         assert chi2 > 10 * critical
-
-
-SAMPLING_MODES = {"greedy": dict(temperature=0.0), "sampled": dict(temperature=1.0),
-                  "top_k": dict(temperature=0.8, top_k=20), "top_p": dict(temperature=1.0, top_p=0.9)}
 
 
 @functools.cache
@@ -177,7 +252,7 @@ def _plain_and_other_draws(mode, params, prompts):
 
 
 @pytest.mark.parametrize("mode", SAMPLING_MODES)
-@pytest.mark.parametrize("drafter", ["ngram", "suffix"])
+@pytest.mark.parametrize("drafter", ["ngram", "suffix", "suffix_tree"])
 def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
     """The real drafters on the real engine, in every sampling mode. The history is each response's
     first half (same seeds as now) followed by other draws: the first half is drafted almost entirely

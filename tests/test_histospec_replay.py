@@ -121,3 +121,17 @@ def test_a_forwarded_sibling_is_seen_a_report_late():
     assert counts(at_the_end) == (38, 38, 0, 0, 0)
     with pytest.raises(ValueError, match="instances"):
         replay(groups, [name], cfg, instances=0)
+
+
+def test_a_draft_tree_accepts_the_branch_a_path_would_have_missed():
+    """Epoch 0 went 10 11 12 ... twice and 10 11 20 ... once; epoch 1 takes the rarer branch. The path
+    drafter drafts the likelier branch (11 12 13 14: 11 accepted, then 20 drawn) and needs a second
+    verify step; the tree holds both branches (7 nodes: 11, 12 and 20 under it, ...) and its one
+    verify step accepts 11 20 21 22, its bonus token the last: 1 step instead of 5."""
+    a, b = (10, 11, 12, 13, 14, 15), (10, 11, 20, 21, 22, 23)
+    rows = rows_by(replay([RecordedGroup("", 0, PROMPT, (a, a, b)), RecordedGroup("", 1, PROMPT, (b,))],
+                          ["suffix", "suffix_tree"]))
+    assert {k: rows[1, "suffix"][k] for k in ("steps", "verifications", "accepted")} == dict(
+        steps=2, verifications=2, accepted=3)
+    assert {k: rows[1, "suffix_tree"][k] for k in ("steps", "verifications", "drafted", "accepted")} == dict(
+        steps=1, verifications=1, drafted=7, accepted=4)

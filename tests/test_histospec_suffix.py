@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rlboost.histospec import DraftConfig, Drafter, HistoryStore, SuffixDrafter, make_drafter
+from rlboost.engine.draft_tree import DraftTree
 from rlboost.histospec.suffix_tree import Candidate, SuffixTrie
 
 
@@ -59,12 +60,55 @@ def test_a_path_past_the_depth_bound_reanchors_on_its_suffix():
     assert next(trie.candidates([1, 2], 2, 0.1, lambda k: 10)).tokens == [3, 4, 5, 6]
 
 
+def test_tree_expands_the_likeliest_continuations_of_every_match_best_first():
+    trie = SuffixTrie(8)
+    # after (1, 2): 3 three times, 4 once; after (1, 2, 3): always 5; after 2 alone the same
+    trie.extend([1, 2, 3, 5, 0, 1, 2, 3, 5, 0, 1, 2, 3, 5, 0, 1, 2, 4], trie.start())
+    found = trie.tree([9, 1, 2], 1, 0.1, max_depth=3, budget=4)
+    # per match (2 tokens, 1 token: the same counts here), the 4 likeliest: 3, 3 5, 3 5 0 at 3/4, 4 at 1/4
+    assert found == pytest.approx({(3,): 0.75, (3, 5): 0.75, (3, 5, 0): 0.75, (4,): 0.25})
+    # the budget takes the likeliest first; max_depth and min_probability bound them
+    assert set(trie.tree([1, 2], 2, 0.1, max_depth=3, budget=2)) == {(3,), (3, 5)}
+    assert set(trie.tree([1, 2], 2, 0.1, max_depth=1, budget=8)) == {(3,), (4,)}
+    assert set(trie.tree([1, 2], 2, 0.5, max_depth=3, budget=8)) == {(3,), (3, 5), (3, 5, 0)}
+    assert trie.tree([9, 9], 1, 0.1, max_depth=3, budget=8) == {}  # nothing matched
+    # a shorter match can see what the longer one cannot: after (0, 1, 2) it is 3 always, after 2 too
+    deep = SuffixTrie(8)
+    deep.extend([7, 2, 6, 0, 1, 2, 3], deep.start())
+    assert deep.tree([0, 1, 2], 3, 0.1, max_depth=1, budget=4) == {(3,): 1.0}
+    assert deep.tree([0, 1, 2], 1, 0.1, max_depth=1, budget=4) == pytest.approx({(3,): 1.0, (6,): 0.5})
+
+
+def test_a_trees_continuations_are_closed_under_prefixes_and_never_likelier_than_them():
+    """What the tree drafter builds its tree on, on repetitive text with uneven counts (a certain
+    token after an uncertain one must not round its probability above its prefix's)."""
+    import random
+
+    rng = random.Random(0)
+    trie = SuffixTrie(8)
+    phrases = [[5, 6, 7], [5, 6, 8], [9, 5], [7, 7, 6]]
+    for _ in range(3):
+        trie.extend([t for _ in range(60) for t in rng.choice(phrases)], trie.start())
+    for context in ([5, 6], [7, 7], [9], [6, 7, 9, 5]):
+        found = trie.tree(context, 1, 0.01, max_depth=6, budget=16)
+        assert found
+        for path, p in found.items():
+            assert len(path) == 1 or found[path[:-1]] >= p, (path, p)
+
+
+def test_a_tree_past_the_depth_bound_reanchors_on_its_suffix():
+    trie = SuffixTrie(3)
+    trie.extend([1, 2, 3, 4, 5, 6], trie.start())
+    assert set(trie.tree([1, 2], 2, 0.1, max_depth=10, budget=10)) == {(3,), (3, 4), (3, 4, 5), (3, 4, 5, 6)}
+
+
 PROMPT = [50, 51, 52]
 
 
 def _suffix(store=None, sources=("own", "siblings", "history"), **cfg):
     cfg.setdefault("min_order", 1)
-    return SuffixDrafter(store or HistoryStore(), DraftConfig(drafter="suffix", **cfg), sources)
+    cfg.setdefault("drafter", "suffix")
+    return SuffixDrafter(store or HistoryStore(), DraftConfig(**cfg), sources)
 
 
 def test_history_source_drafts_the_previous_responses_from_the_first_token():
@@ -195,6 +239,38 @@ def test_the_likeliest_source_wins():
     assert alone.propose("r", PROMPT + [5, 6]) == [3, 4]
 
 
+def _paths(tree: DraftTree) -> set[tuple[int, ...]]:
+    paths: list[tuple[int, ...]] = []
+    for token, parent in zip(tree.tokens, tree.parents):
+        paths.append((paths[parent] if parent >= 0 else ()) + (token,))
+    return set(paths)
+
+
+def test_the_tree_drafter_merges_every_source_likeliest_first():
+    store = HistoryStore()
+    store.update(PROMPT, [[5, 6, 1, 2], [5, 6, 3, 4], [5, 6, 3, 9]])  # after (5, 6): 3 at 2/3, 1 at 1/3
+    drafter = _suffix(store, drafter="suffix_tree", suffix_tree_tokens=5)
+    drafter.start("r", PROMPT)
+    tree = drafter.propose("r", PROMPT + [5, 6])
+    assert isinstance(tree, DraftTree)
+    # the 5 likeliest continuations of (5, 6): 3 (2/3), then 1, 3 4, 3 9, 1 2 (1/3 each); parents
+    # before children, the root's likeliest child first; its best path is the path drafter's
+    assert _paths(tree) == {(3,), (1,), (3, 4), (3, 9), (1, 2)} and tree.tokens[:2] == (3, 1)
+    path = _suffix(store)
+    path.start("r", PROMPT)
+    assert tree.first_path() == path.propose("r", PROMPT + [5, 6]) == [3, 4]
+    # a sibling that went 5 6 1 2 makes its branch certain: it comes first
+    drafter.start("s", PROMPT)
+    drafter.propose("s", PROMPT + [5, 6, 1, 2])
+    tree = drafter.propose("r", PROMPT + [5, 6])
+    assert tree.first_path() == [1, 2] and set(tree.tokens[:2]) == {1, 3}
+    # the budget bounds the nodes, max_draft the depth
+    small = _suffix(store, drafter="suffix_tree", suffix_tree_tokens=2, max_draft=1, initial_draft=1)
+    small.start("r", PROMPT)
+    assert small.propose("r", PROMPT + [5, 6]) == DraftTree((3, 1), (-1, -1))
+    assert small.propose("nobody", PROMPT) == []
+
+
 def test_draft_length_follows_the_match_length_and_max_draft():
     store = HistoryStore()
     response = list(range(100, 140))
@@ -241,9 +317,12 @@ def test_hook_edges_unknown_requests_feedback_and_reused_ids():
 def test_make_drafter_picks_by_config_and_config_is_checked():
     assert type(make_drafter(HistoryStore())) is Drafter
     assert type(make_drafter(HistoryStore(), DraftConfig(drafter="suffix"))) is SuffixDrafter
+    assert type(make_drafter(HistoryStore(), DraftConfig(drafter="suffix_tree"))) is SuffixDrafter
     for bad, field in [(dict(drafter="tree"), "drafter"), (dict(suffix_max_depth=1), "suffix_max_depth"),
                        (dict(suffix_spec_factor=0.0), "suffix_spec_factor"),
-                       (dict(drafter="suffix", min_order=24), "min_order")]:
+                       (dict(drafter="suffix", min_order=24), "min_order"),
+                       (dict(drafter="suffix_tree", min_order=24), "min_order"),
+                       (dict(suffix_tree_tokens=0), "suffix_tree_tokens")]:
         with pytest.raises(ValueError, match=field):
             DraftConfig(**bad).validate()
     with pytest.raises(ValueError, match="sources"):

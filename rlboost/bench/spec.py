@@ -11,7 +11,8 @@ Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches
 same for both). `accepted_per_verify` is the mean accepted draft tokens per request per verification;
 `spec_step_fraction` the share of decode steps that verified drafts (the budget turns speculation
 off where it measures it slower); `identical` the share of responses equal to the plain ones.
-Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`).
+Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`; `suffix_tree`
+on rlboost's engine only: vLLM verifies single paths), with `min_order` and `suffix_tree_tokens`.
 
 `backends`: `rlboost` (rlboost's engine verifies the drafts) and/or `vllm` (vLLM installed: plain vLLM
 against vLLM verifying the same drafter's drafts on the same histories, `rlboost.bench.spec_vllm`,
@@ -69,6 +70,10 @@ class SpecBenchConfig:
     """Seed of prompts and sampling."""
     drafters: list[str] = field(default_factory=lambda: ["ngram"])
     """HistoSpec drafters measured, each in its turn (`rollout.histospec.drafter` values)."""
+    min_order: int = 3
+    """The drafters' shortest matched suffix (`rollout.histospec.min_order`), timed and replayed."""
+    suffix_tree_tokens: int = 8
+    """`suffix_tree`'s draft tokens per request and step (`rollout.histospec.suffix_tree_tokens`)."""
     record: str = ""
     """Instead of the timed bench: record RL histories to this JSONL file (`record_epochs` GRPO steps
     per temperature over the prompts, each step one epoch of them), then replay them."""
@@ -111,9 +116,13 @@ class SpecBenchConfig:
             if name not in DRAFTERS:
                 raise ValueError(f"--drafters: unknown {name!r}; valid: {', '.join(DRAFTERS)}")
         for flag, value, least in (("instances", self.instances, 1), ("stream-interval", self.stream_interval, 1),
+                                   ("min-order", self.min_order, 1), ("suffix-tree-tokens", self.suffix_tree_tokens, 1),
                                    ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
             if value < least:
                 raise ValueError(f"--{flag} must be >= {least}, got {value}")
+        if self.min_order >= DraftConfig.suffix_max_depth:
+            raise ValueError(f"--min-order must be < {DraftConfig.suffix_max_depth} (the suffix tries' depth), "
+                             f"got {self.min_order}")
         for flag, value in (("data", self.data), ("reward", self.reward)):
             if value and not self.record:
                 raise ValueError(f"--{flag}: only --record uses it (the timed bench runs the showcase's prompts)")
@@ -124,6 +133,11 @@ class SpecBenchConfig:
             raise ValueError(f"--backends: unknown {unknown or 'none given'}; valid: {', '.join(BACKENDS)}")
         if "vllm" in self.backends:
             check_vllm_methods(self.vllm_methods)
+
+
+    def draft_config(self, drafter: str) -> DraftConfig:
+        return DraftConfig(drafter=drafter, min_order=self.min_order, max_order=max(self.min_order, DraftConfig.max_order),
+                           suffix_tree_tokens=self.suffix_tree_tokens)
 
 
 def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
@@ -185,7 +199,9 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
         params = SamplingParams(temperature=t, max_tokens=cfg.max_tokens, seed=cfg.seed + 1)
         where = {"condition": condition, "temperature": t, "batch": batch}
         for drafter, (backend, (plain, spec)) in itertools.product(cfg.drafters, pairs.items()):
-            spec.drafter = make_drafter(stores[t], DraftConfig(drafter=drafter))
+            if backend == "vllm" and drafter == "suffix_tree":
+                continue  # vLLM verifies paths only (the config refuses this pair)
+            spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
             base = _timed(plain, waves, params)
             spec.spec_stats = SpecStats()
             timed = _timed(spec, waves, params)

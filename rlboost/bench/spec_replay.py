@@ -7,7 +7,7 @@ veRL dataset scored by the built-in reward: a math set such as gsm8k), every ste
 prompt once (one epoch per step), each step's groups appended to FILE (`rlboost.histospec.recording`,
 run `T=<t>`), its reward and lengths logged;
 then FILE is replayed. `--replay FILE`: only the replay (`rlboost.histospec.replay`), no model and no
-timing: per run, epoch and drafter (`ngram`, the suffix drafter per source, `suffix`), accepted
+timing: per run, epoch and drafter (`ngram`, the suffix drafter per source, `suffix`, `suffix_tree`), accepted
 tokens per verify step and the share of decode steps saved, acceptance being exact match with the
 recorded tokens (what rlboost's coupled verifier accepts). `--instances K` deals each step's responses
 over K engines, and adds the suffix drafter with siblings forwarded across them (`+forwarded`, a
@@ -73,8 +73,9 @@ def replay_result(cfg, path: Path) -> dict:
     except (OSError, ValueError) as e:
         raise DatasetError(f"--replay: {e}") from None
     spread = {"instances": cfg.instances, "stream_interval": cfg.stream_interval,
-              "sibling_tokens_per_step": cfg.sibling_tokens_per_step}
-    rows = replay(groups, instances=cfg.instances, stream_interval=cfg.stream_interval,
+              "sibling_tokens_per_step": cfg.sibling_tokens_per_step, "min_order": cfg.min_order,
+              "suffix_tree_tokens": cfg.suffix_tree_tokens}
+    rows = replay(groups, config=cfg.draft_config("ngram"), instances=cfg.instances, stream_interval=cfg.stream_interval,
                   sibling_tokens_per_step=cfg.sibling_tokens_per_step)
     return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
                                                    "record_epochs": cfg.record_epochs, "data": cfg.data,

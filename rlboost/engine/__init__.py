@@ -1,8 +1,8 @@
 """The rollout engine: continuous batching over a slot KV cache, streaming, exact abort/resume.
 
 Files, nano-vllm style: sequence (request state and outputs), scheduler (what runs next),
-kv_cache (slot cache), model_runner (forward pass), sampler + rng (tokens and log-probs), engine
-(`LLMEngine`), protocol (the contract every backend implements, torch-free), request_book (every
+kv_cache (slot cache), model_runner (forward pass), sampler + rng (tokens and log-probs), draft_tree
+(speculative drafts as trees and how they are accepted, torch-free), engine (`LLMEngine`), protocol (the contract every backend implements, torch-free), request_book (every
 backend's per-request bookkeeping, torch-free), vllm_backend (`VllmEngine`), factory (`make_engine`:
 the engine `engine.backend` names).
 
@@ -19,6 +19,7 @@ _WHERE = {
     "EngineStateError": "protocol",
     "InvalidRequestError": "protocol",
     "SpecStats": "protocol",
+    "DraftTree": "draft_tree",
     "EngineBackend": "protocol",
     "SamplingParams": "sampling_params",
     "StreamChunk": "sequence",

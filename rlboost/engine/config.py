@@ -79,10 +79,14 @@ class EngineConfig:
     """vLLM only: run eagerly, without CUDA graphs or torch.compile. True starts in seconds (tests, CPU:
     compiled mode took minutes to start on a CPU and was not faster); set False on a GPU for speed."""
 
-    def check_histospec(self, enabled: bool) -> None:
+    def check_histospec(self, enabled: bool, drafter: str = "ngram") -> None:
         """HistoSpec's drafts are verified by rlboost's engine, or by vLLM through its proposer, which
         calls the drafter in the engine's own process: refuse vLLM spread over tensor-parallel
-        processes (their proposers cannot reach it) by name."""
+        processes (their proposers cannot reach it), and draft trees on vLLM (it verifies single
+        paths), by name."""
+        if enabled and self.backend == "vllm" and drafter == "suffix_tree":
+            raise ValueError("rollout.histospec.drafter=suffix_tree needs engine.backend=rlboost: vLLM verifies "
+                             "single draft paths, not trees (use rollout.histospec.drafter=suffix with vLLM)")
         if enabled and self.backend == "vllm" and self.vllm_tensor_parallel_size > 1:
             raise ValueError("rollout.histospec.enabled with engine.backend=vllm needs engine.vllm_tensor_parallel_size=1 "
                              f"(got {self.vllm_tensor_parallel_size}): vLLM's tensor-parallel workers run in other "

@@ -13,8 +13,9 @@ Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.prot
   continues exactly as if never interrupted: greedy always; sampled given identical logits (the
   draw of the token at absolute position t depends only on (seed, t)).
 - Speculative decoding (DESIGN 2.8): with a `drafter` (HistoSpec's), small decode batches verify
-  draft tokens in one forward pass. The token emitted at each position is exactly the one plain
-  decoding draws there (given the same logits), so speculation changes speed, never output.
+  draft tokens, a path or a tree of them (`rlboost.engine.draft_tree`), in one forward pass. The
+  token emitted at each position is exactly the one plain decoding draws there (given the same
+  logits), so speculation changes speed, never output.
 - `load_weights(state_dict, version, names=None)` copies weights in place (only `names` when given:
   a patched version's changed parameters, the rest already served); `sleep()` frees the KV cache and
   `wake()` allows it back. All three need an engine with no unfinished request, so every token of a
@@ -31,27 +32,19 @@ import torch
 from transformers import PreTrainedModel
 
 from rlboost.engine.config import EngineConfig
+from rlboost.engine.draft_tree import DraftTree, accepted_nodes
 from rlboost.engine.kv_cache import KVCache
 from rlboost.engine.model_runner import ModelRunner, check_supported
 from rlboost.engine.protocol import (Drafter, EngineStateError, SpecStats, check_request,
                                      check_weights, stop_ids, weights_fingerprint)
 from rlboost.engine.request_book import RequestBook
 from rlboost.engine.rng import derive_seed, uniform
-from rlboost.engine.sampler import logprobs_of, sample
+from rlboost.engine.sampler import sample
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.scheduler import Scheduler
 from rlboost.engine.sequence import Completion, PartialOutput, Sequence, StreamChunk
 from rlboost.engine.weight_copy import copy_weights
 from rlboost.policies.spec_budget import SpecBudget
-
-
-def accepted_prefix(draft: list[int], drawn: list[int]) -> int:
-    """How many draft tokens are accepted: those equal to the tokens plain sampling draws at their
-    positions (drawn[j] is conditioned on the draft before j, so the first mismatch ends the run)."""
-    accepted = 0
-    while accepted < len(draft) and drawn[accepted] == draft[accepted]:
-        accepted += 1
-    return accepted
 
 
 def resolve_device(name: str, key: str = "engine.device") -> torch.device:
@@ -194,63 +187,89 @@ class LLMEngine:
 
     # ---- speculative decoding (HistoSpec) ----------------------------------------------------------
 
-    def _drafts(self, batch: list[Sequence]) -> dict[str, list[int]]:
-        """Draft tokens per request, when speculation should pay: a small (memory-bound) batch. A draft
-        leaves room for the bonus token within max_tokens and the context."""
+    def _drafts(self, batch: list[Sequence]) -> dict[str, DraftTree]:
+        """Draft trees per request (a drafter's list is a path), when speculation should pay: a small
+        (memory-bound) batch. A draft leaves room for the bonus token within max_tokens and the context."""
         if self.drafter is None or not self.spec_budget.speculate(len(batch)):
             return {}
         drafts = {}
         for seq in batch:
-            room = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - seq.num_tokens) - 1
+            context_room = self.max_model_len - seq.num_tokens - 1
+            room = min(seq.params.max_tokens - len(seq.output_token_ids) - 1, context_room)
             if room > 0:
-                draft = self.drafter.propose(seq.request_id, seq.prompt_token_ids + seq.output_token_ids)[:room]
-                if draft:
-                    drafts[seq.request_id] = [int(t) for t in draft]
+                draft = self.drafter.propose(seq.request_id, seq.prompt_token_ids + seq.output_token_ids)
+                # a node's K/V takes a cache position of its own (its column) until verified
+                tree = (draft if isinstance(draft, DraftTree) else DraftTree.path(draft)).cut(room, context_room)
+                if len(tree):
+                    drafts[seq.request_id] = tree
         return drafts
 
     def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
         self.spec_budget.observe(batch, seconds, tokens, speculative)
         self.spec_stats.decode_step(batch, seconds, tokens, speculative, self.spec_budget.plain_step_s(batch))
 
-    def _verify(self, batch: list[Sequence], drafts: dict[str, list[int]], width: int) -> list[list[tuple[int, float]]]:
-        """One forward over each request's last token plus its draft; returns the tokens to emit.
+    def _verify(self, batch: list[Sequence], drafts: dict[str, DraftTree], width: int) -> list[list[tuple[int, float]]]:
+        """One forward over each request's last token plus its draft tree; returns the tokens to emit.
 
-        Lossless by coupling: the token at position t is drawn exactly as without speculation (inverse
-        CDF of the target distribution with the uniform of (seed, t)), and the draft token is accepted
-        iff it equals that draw. Acceptance then happens with probability p(draft), a rejection yields
-        p conditioned on "not the draft", and all-accepted yields a bonus token: the lossless rule, with
-        output identical to plain decoding given identical logits (so abort/resume stays exact).
+        Lossless by coupling: the token after each node is drawn exactly as plain decoding would draw
+        it at that position (inverse CDF of the target distribution with the uniform of (seed, t)), and
+        a draft node is accepted iff its token equals the draw after its parent. For a path this is the
+        lossless rule (acceptance with probability p(draft), a rejection yields p conditioned on "not
+        the draft", all-accepted a bonus token); for a tree, the draws along the accepted branch are
+        plain decoding's draws, so the output is identical to plain decoding given identical logits
+        (and abort/resume stays exact).
         """
-        rows = [[seq.last_token_id] + drafts.get(seq.request_id, []) for seq in batch]
+        trees = [drafts.get(seq.request_id, DraftTree((), ())) for seq in batch]
+        rows = [[seq.last_token_id, *tree.tokens] for seq, tree in zip(batch, trees)]
+        depths = [[0, *tree.depths()] for tree in trees]
         input_ids = torch.tensor([row + [0] * (width - len(row)) for row in rows])
         start = torch.tensor([seq.num_cached for seq in batch])
+        columns = torch.arange(width)
         # padding columns write K/V past a row's end (masked now, overwritten later); keep them in range
-        positions = (start[:, None] + torch.arange(width)[None, :]).clamp(max=self.max_model_len - 1)
+        cache_positions = (start[:, None] + columns[None, :]).clamp(max=self.max_model_len - 1)
+        tree_layout = None
+        if all(tree.is_path for tree in trees):
+            positions = cache_positions
+        else:
+            # a node sits at its depth for the rotary embedding and attends to the cache and its own
+            # branch; its K/V goes to its column's cache position until the accepted branch is compacted
+            positions = (start[:, None] + torch.tensor([d + [0] * (width - len(d)) for d in depths])
+                         ).clamp(max=self.max_model_len - 1)
+            tree_layout = (cache_positions.to(self.device), _branch_masks(trees, width).to(self.device))
         logits = self.runner.forward(input_ids.to(self.device), positions.to(self.device), None,
-                                     slot_offset=batch[0].slot)
+                                     slot_offset=batch[0].slot, tree=tree_layout)
         index = [(b, j) for b, row in enumerate(rows) for j in range(len(row))]
         flat = logits[torch.tensor([b for b, _ in index]), torch.tensor([j for _, j in index])]
         params = [batch[b].params for b, _ in index]
-        uniforms = [uniform(batch[b].seed, batch[b].num_tokens + j) for b, j in index]
+        uniforms = [uniform(batch[b].seed, batch[b].num_tokens + depths[b][j]) for b, j in index]
         tokens, logprobs = sample(flat, params, uniforms)
-        # what each position's draft token would score, for the accepted ones (rows: every position
-        # but a row's last, which only ever yields the correction or the bonus token)
-        proposed = [rows[b][j + 1] if j + 1 < len(rows[b]) else 0 for b, j in index]
-        proposed_logprobs = logprobs_of(flat, params, proposed)
-        by_row: list[list[tuple[int, float, int, float]]] = [[] for _ in batch]
-        for (b, _), token, logprob, d, d_logprob in zip(index, tokens, logprobs, proposed, proposed_logprobs):
-            by_row[b].append((token, logprob, d, d_logprob))
+        by_row: list[list[tuple[int, float]]] = [[] for _ in batch]
+        for (b, _), token, logprob in zip(index, tokens, logprobs):
+            by_row[b].append((token, logprob))
         emitted = []
-        for seq, row, drawn in zip(batch, rows, by_row):
-            draft = row[1:]
-            accepted = accepted_prefix(draft, [token for token, *_ in drawn])
-            # the accepted draft tokens, then the draw at the first rejection (or the bonus token)
-            emitted.append([(d, d_logprob) for _, _, d, d_logprob in drawn[:accepted]]
-                           + [drawn[accepted][:2]])
-            if draft:
-                self.drafter.feedback(seq.request_id, len(draft), accepted)
-                self.spec_stats.record(len(draft), accepted)
+        for seq, tree, drawn in zip(batch, trees, by_row):
+            accepted = accepted_nodes(tree, [token for token, _ in drawn])
+            # the accepted draft tokens (each the draw at its parent's column), then the draw after the
+            # last of them (the correction or the bonus token): plain decoding's tokens
+            columns = [0] + [node + 1 for node in accepted]
+            emitted.append([(tree.tokens[node], drawn[column][1]) for node, column in zip(accepted, columns)]
+                           + [drawn[columns[-1]]])
+            if tree_layout is not None:
+                self._compact(seq, columns[1:])
+            if len(tree):
+                self.drafter.feedback(seq.request_id, len(tree), len(accepted))
+                self.spec_stats.record(len(tree), len(accepted))
         return emitted
+
+    def _compact(self, seq: Sequence, columns: list[int]) -> None:
+        """Move the K/V of a request's accepted tree nodes (`columns` of its verify row, root to leaf)
+        from their columns' cache positions to their depths' (the sequence's next positions)."""
+        moved = [(depth, column) for depth, column in enumerate(columns, 1) if column != depth]
+        if moved:
+            dst = torch.tensor([seq.num_cached + depth for depth, _ in moved], device=self.device)
+            src = torch.tensor([seq.num_cached + column for _, column in moved], device=self.device)
+            for cache in (self.cache.k, self.cache.v):
+                cache[:, seq.slot, :, dst] = cache[:, seq.slot, :, src]
 
     def _inputs(self, batch: list[Sequence], is_prefill: bool):
         if is_prefill:
@@ -319,3 +338,13 @@ class LLMEngine:
 
     def wake(self) -> None:
         self.asleep = False  # the cache is re-allocated on the next step that needs it
+
+
+def _branch_masks(trees: list[DraftTree], width: int) -> torch.Tensor:
+    """[B, width, width] bool: column j of a verify row (0: the last token, i + 1: node i) sees column
+    m iff m is j or one of its ancestors; a padding column sees itself only."""
+    masks = torch.eye(width, dtype=torch.bool).repeat(len(trees), 1, 1)
+    for b, tree in enumerate(trees):
+        for i, parent in enumerate(tree.parents):
+            masks[b, i + 1] |= masks[b, parent + 1]
+    return masks

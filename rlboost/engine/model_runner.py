@@ -104,7 +104,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, last_index: torch.Tensor | None,
-                slot_offset: int) -> torch.Tensor:
+                slot_offset: int, tree: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Logits of each sequence's last valid token ([B, V]), or of every position ([B, T, V]) when
         last_index is None.
 
@@ -112,6 +112,9 @@ class ModelRunner:
         cache slot slot_offset + b and already has positions[b, 0] tokens cached. last_index: [B],
         the column of each row's last real token. Padding columns write K/V past the sequence's end,
         where they are masked out now and overwritten later.
+        tree: verifying draft trees, (cache_positions [B, T], visible [B, T, T]): column t's K/V goes
+        to cache position cache_positions[b, t] (positions[b, t] is its rotary position, its depth),
+        and it attends to the cache before cache_positions[b, 0] and to the columns `visible` marks.
         """
         batch, steps = input_ids.shape
         kv_len = int(positions.max()) + 1
@@ -119,9 +122,16 @@ class ModelRunner:
         hidden = self.embed(input_ids)
         cos, sin = self.rotary(hidden, positions)
         slots = torch.arange(slot_offset, slot_offset + batch, device=input_ids.device)
-        key_positions = torch.arange(kv_len, device=input_ids.device)
-        # [B, 1, G*T, L]: query (g, t) sees keys up to its own position.
-        mask = (key_positions[None, None, :] <= positions[:, :, None]).repeat(1, self.group, 1)[:, None]
+        if tree is None:
+            cache_positions = positions
+            key_positions = torch.arange(kv_len, device=input_ids.device)
+            visible = key_positions[None, None, :] <= positions[:, :, None]  # [B, T, L]: up to its own position
+        else:
+            cache_positions, branch = tree
+            kv_len = int(cache_positions.max()) + 1
+            visible = _tree_visibility(cache_positions[:, 0], branch, kv_len)
+        # [B, 1, G*T, L]: query (g, t) sees what query t does.
+        mask = visible.repeat(1, self.group, 1)[:, None]
         q_size = self.num_heads * dim
         kv_size = self.num_kv_heads * dim
         k_cache, v_cache = self.cache.k, self.cache.v
@@ -136,8 +146,8 @@ class ModelRunner:
             if layer.q_norm is not None:
                 q, k = layer.q_norm(q), layer.k_norm(k)
             q, k = self._apply_rope(q, k, cos, sin, unsqueeze_dim=2)
-            k_cache[i][slots[:, None], :, positions] = k
-            v_cache[i][slots[:, None], :, positions] = v
+            k_cache[i][slots[:, None], :, cache_positions] = k
+            v_cache[i][slots[:, None], :, cache_positions] = v
             keys = k_cache[i, slot_offset: slot_offset + batch, :, :kv_len]
             values = v_cache[i, slot_offset: slot_offset + batch, :, :kv_len]
             # [B, T, KVH*G, D] -> [B, KVH, G*T, D]: a KV group's query heads share its keys.
@@ -154,6 +164,16 @@ class ModelRunner:
         rows = torch.arange(batch, device=input_ids.device)
         last = self.norm(hidden[rows, last_index])
         return linear(last, self.lm_head.weight, self.lm_head.bias)
+
+
+def _tree_visibility(start: torch.Tensor, branch: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[B, T, L]: key position p is visible to column t of row b iff it is cached (p < start[b]) or
+    holds column p - start[b], which `branch[b, t]` marks."""
+    batch, steps, _ = branch.shape
+    relative = torch.arange(kv_len, device=start.device)[None, :] - start[:, None]  # [B, L]
+    in_row = (relative >= 0) & (relative < steps)
+    column = relative.clamp(0, steps - 1)[:, None, :].expand(batch, steps, kv_len)
+    return (relative < 0)[:, None, :] | (in_row[:, None, :] & branch.gather(2, column))
 
 
 def _rope_fn(model: PreTrainedModel):

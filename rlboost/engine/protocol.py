@@ -53,6 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from rlboost.engine.draft_tree import DraftTree
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.engine.sequence import PartialOutput, StreamChunk
 
@@ -169,7 +170,11 @@ class Drafter(Protocol):
     learns from how many were accepted, and forgets what it built from a history that changed."""
 
     def start(self, request_id: str, prompt_ids: Sequence[int]) -> None: ...
-    def propose(self, request_id: str, context: Sequence[int]) -> list[int]: ...
+    def propose(self, request_id: str, context: Sequence[int]) -> list[int] | DraftTree:
+        """Draft tokens to follow `context` (the prompt and the tokens so far): a path, or a tree that
+        rlboost's engine verifies whole (vLLM verifies its first path)."""
+        ...
+
     def feedback(self, request_id: str, drafted: int, accepted: int) -> None: ...
     def finish(self, request_id: str) -> None: ...
     def invalidate(self, prompts: Iterable[Sequence[int]] | None = None) -> None: ...

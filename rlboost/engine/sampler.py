@@ -33,13 +33,6 @@ def sample(
     return tokens.tolist(), logprobs.tolist()
 
 
-def logprobs_of(logits: torch.Tensor, params: list[SamplingParams], tokens: list[int]) -> list[float]:
-    """The log-prob `sample` would report for given tokens (e.g. accepted draft tokens), row by row."""
-    temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
-    logprobs_all = torch.log_softmax(logits.float() / temperatures[:, None], dim=-1)
-    return logprobs_all.gather(1, torch.tensor(tokens, device=logits.device)[:, None])[:, 0].tolist()
-
-
 def _sample_rows(scaled: torch.Tensor, params: list[SamplingParams], u: torch.Tensor) -> torch.Tensor:
     vocab = scaled.shape[-1]
     if not any(p.top_k > 0 or p.top_p < 1 for p in params):

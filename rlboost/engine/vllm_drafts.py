@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from rlboost.engine.draft_tree import DraftTree
 from rlboost.engine.protocol import Drafter, SpecStats
 from rlboost.policies.spec_budget import SpecBudget
 
@@ -111,6 +112,8 @@ class DraftRelay:
             room = held.end - len(context) - 1
             if room > 0:
                 draft = self.drafter.propose(held.request_id, context)
+                if isinstance(draft, DraftTree):  # vLLM verifies paths: the tree's best one
+                    draft = draft.first_path()
                 rows[i] = self._proposed[vllm_ids[i]] = [int(t) for t in draft[:min(room, self.max_draft)]]
         return rows
 

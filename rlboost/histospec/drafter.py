@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from rlboost.histospec.history import HistoryStore, PromptCache
 
 
-DRAFTERS = ("ngram", "suffix")
+DRAFTERS = ("ngram", "suffix", "suffix_tree")
+SUFFIX_DRAFTERS = ("suffix", "suffix_tree")
+"""The drafters of `rlboost.histospec.suffix_drafter`."""
 
 
 @dataclass
@@ -32,7 +34,9 @@ class DraftConfig:
     """Which drafter: `ngram` (this module: n-grams of the prompt's previous responses, a draft length
     adapted per request) or `suffix` (`rlboost.histospec.suffix_drafter`: suffix trees over the
     request's own context, its siblings' outputs and the previous responses, the likeliest path of
-    the three, its length set by the match length)."""
+    the three, its length set by the match length) or `suffix_tree` (the same tries, drafting a tree:
+    the `suffix_tree_tokens` likeliest continuations of all three, verified together in one forward;
+    SuffixDecoding's tree speculation. rlboost's engine only: vLLM verifies single paths)."""
     max_order: int = 7
     """ngram: longest suffix of a running response matched in the history."""
     min_order: int = 3
@@ -63,6 +67,10 @@ class DraftConfig:
     accepted too: replayed on SmolLM2's T=0.6 histories, epoch 4 saves 41% of decode steps instead
     of 47%. False: SuffixDecoding's lengths only."""
 
+    suffix_tree_tokens: int = 8
+    """suffix_tree: most draft tokens (tree nodes) per request and step, each one more position the
+    verify forward computes; the tree's depth is at most `max_draft`."""
+
     def validate(self) -> None:
         if self.drafter not in DRAFTERS:
             raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
@@ -70,7 +78,7 @@ class DraftConfig:
             raise ValueError("suffix_max_depth must be >= 2")
         if not 0 < self.suffix_spec_factor < float("inf"):
             raise ValueError("suffix_spec_factor must be > 0")
-        if self.drafter == "suffix" and self.min_order >= self.suffix_max_depth:
+        if self.drafter in SUFFIX_DRAFTERS and self.min_order >= self.suffix_max_depth:
             raise ValueError("min_order must be < suffix_max_depth (the longest match of the suffix drafter)")
         if self.min_order < 1:
             raise ValueError("min_order must be >= 1")
@@ -78,6 +86,9 @@ class DraftConfig:
             raise ValueError("max_order must be >= min_order")
         if not 0 < self.min_probability <= 1:
             raise ValueError("min_probability must be in (0, 1]")
+        n = self.suffix_tree_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"suffix_tree_tokens must be an integer >= 1, got {n!r}")
         if self.min_draft < 1:
             raise ValueError("min_draft must be >= 1")
         if not self.min_draft <= self.initial_draft <= self.max_draft:

@@ -14,7 +14,9 @@ holds that step's responses of its prompts (the latest rollout, as in training) 
 invalidated, so epoch e drafts from epoch e - 1, its siblings and itself.
 
 Variants: `ngram` (today's `Drafter`), `suffix:own`, `suffix:siblings`, `suffix:history` (the
-suffix drafter restricted to one source) and `suffix` (all three). Per run, epoch and variant: tokens,
+suffix drafter restricted to one source), `suffix` (all three) and `suffix_tree` (all three, drafting
+trees: a node is accepted iff its token is the recorded one after its accepted parent, which is what
+the engine's verifier accepts). Per run, epoch and variant: tokens,
 decode steps with and without drafts, verifications (steps that verified a draft), drafted and
 accepted tokens; `accepted_per_verify` = accepted / verifications, `steps_saved` = 1 - steps / plain
 steps. Pure and deterministic: no model, no clock.
@@ -39,13 +41,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rlboost.engine.draft_tree import DraftTree, accepted_nodes
 from rlboost.histospec.drafter import DraftConfig, Drafter
 from rlboost.histospec.history import HistoryStore
 from rlboost.histospec.recording import RecordedGroup
 from rlboost.histospec.sibling_share import Sibling, SiblingShare
 from rlboost.histospec.suffix_drafter import SOURCES, SuffixDrafter
 
-VARIANTS = ("ngram", *(f"suffix:{s}" for s in SOURCES), "suffix")
+VARIANTS = ("ngram", *(f"suffix:{s}" for s in SOURCES), "suffix", "suffix_tree")
 FORWARDED = ("suffix:siblings+forwarded", "suffix+forwarded")
 """With several instances: the suffix drafter given the siblings on other instances too."""
 
@@ -56,6 +59,8 @@ def make_variant(name: str, store: HistoryStore, config: DraftConfig):
     if name not in VARIANTS + FORWARDED:
         raise ValueError(f"unknown drafter variant {name!r}; valid: {', '.join(VARIANTS + FORWARDED)}")
     base = name.removesuffix("+forwarded")
+    if base == "suffix_tree":
+        return SuffixDrafter(store, dataclasses.replace(config, drafter="suffix_tree"))
     sources = SOURCES if base == "suffix" else (base.split(":")[1],)
     return SuffixDrafter(store, dataclasses.replace(config, drafter="suffix"), sources)
 
@@ -119,14 +124,15 @@ def replay_step(drafters: Sequence, name: str, groups: Sequence[RecordedGroup], 
         for r in live:
             drafter, tally, pos = drafters[r.engine], tallies[r.group], r.done
             context = list(groups[r.group].prompt) + list(r.tokens[:pos])
-            draft = list(drafter.propose(r.id, context))[:len(r.tokens) - pos - 1]
-            accepted = 0
-            while accepted < len(draft) and draft[accepted] == r.tokens[pos + accepted]:
-                accepted += 1
-            if draft:
-                drafter.feedback(r.id, len(draft), accepted)
+            draft = drafter.propose(r.id, context)
+            tree = (draft if isinstance(draft, DraftTree) else DraftTree.path(draft)).cut(len(r.tokens) - pos - 1)
+            # the verifier's draw after the root and after each node is the recorded token at its depth
+            drawn = [r.tokens[pos + depth] for depth in [0, *tree.depths()]]
+            accepted = len(accepted_nodes(tree, drawn))
+            if len(tree):
+                drafter.feedback(r.id, len(tree), accepted)
                 tally.verifications += 1
-                tally.drafted += len(draft)
+                tally.drafted += len(tree)
                 tally.accepted += accepted
             tally.steps += 1
             r.done = pos + accepted + 1

@@ -21,7 +21,12 @@ then the order of `sources`). A draft is at most
 ceil(`suffix_spec_factor` x match length) and `max_draft` tokens, and stops where its estimated
 acceptance falls below `min_probability` (`rlboost.histospec.suffix_tree`); with `suffix_adaptive`
 each request's drafts are also capped by its own acceptance, as the n-gram drafter sizes them
-(`feedback`). Whether a step drafts at
+(`feedback`).
+With `drafter=suffix_tree` it proposes a tree instead (`rlboost.engine.draft_tree`): every source's
+`suffix_tree_tokens` likeliest continuations of every matched suffix (`SuffixTrie.tree`, at most
+`max_draft` deep, each at least `min_probability` likely), merged by token path at the highest
+probability any of them gives it, and of those the `suffix_tree_tokens` likeliest (ties: shallower,
+then smaller token ids), a node's children likeliest first. Whether a step drafts at
 all is the engine's batch-aware budget. Lossless whatever it proposes: the engine verifies.
 Pure: no clock, no threads; deterministic for the same calls.
 """
@@ -32,6 +37,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from rlboost.engine.draft_tree import DraftTree
 from rlboost.histospec.drafter import DraftConfig
 from rlboost.histospec.history import HistoryStore, PromptCache
 from rlboost.histospec.suffix_tree import Candidate, SuffixTrie
@@ -111,7 +117,7 @@ class SuffixDrafter:
         self._requests[request_id] = _Request(prompt, group, self._generation - 1, group_state=list(group.after_prompt),
                                               limit=self.config.max_draft)
 
-    def propose(self, request_id: str, context: Sequence[int]) -> list[int]:
+    def propose(self, request_id: str, context: Sequence[int]) -> list[int] | DraftTree:
         req = self._requests.get(request_id)
         if req is None:
             return []
@@ -119,6 +125,8 @@ class SuffixDrafter:
         best: tuple[tuple[float, int, int, int], Candidate] | None = None
         cfg = self.config
         tail = list(context[-(cfg.suffix_max_depth - 1):])
+        if cfg.drafter == "suffix_tree":
+            return self._tree([trie for trie in tries if trie is not None], tail)
         max_len = (lambda k: min(self._max_len(k), req.limit)) if cfg.suffix_adaptive else self._max_len
         for rank, trie in enumerate(tries):
             if trie is None:
@@ -128,6 +136,26 @@ class SuffixDrafter:
                 if cand.tokens and (best is None or key > best[0]):
                     best = (key, cand)
         return list(best[1].tokens) if best is not None else []
+
+    def _tree(self, tries: list[SuffixTrie], tail: list[int]) -> DraftTree:
+        cfg = self.config
+        found: dict[tuple[int, ...], float] = {}
+        for trie in tries:
+            for path, p in trie.tree(tail, cfg.min_order, cfg.min_probability, cfg.max_draft,
+                                     cfg.suffix_tree_tokens).items():
+                found[path] = max(found.get(path, 0.0), p)
+        # a path is at most as likely as its prefixes, so the likeliest (shallower first) form a tree
+        kept: list[tuple[int, ...]] = []
+        chosen: set[tuple[int, ...]] = {()}
+        for path in sorted(found, key=lambda path: (-found[path], len(path), path)):
+            if len(kept) == cfg.suffix_tree_tokens:
+                break
+            if path[:-1] in chosen:
+                kept.append(path)
+                chosen.add(path)
+        kept.sort(key=lambda path: (len(path), -found[path], path))  # parents first, likeliest child first
+        index = {path: i for i, path in enumerate(kept)}
+        return DraftTree(tuple(path[-1] for path in kept), tuple(index.get(path[:-1], -1) for path in kept))
 
     def feedback(self, request_id: str, drafted: int, accepted: int) -> None:
         if not 0 <= accepted <= drafted:

@@ -16,10 +16,19 @@ Contract:
   `min_probability`, at most `max_len(match_len)` tokens. A path that runs into the depth bound is
   re-anchored on the longest suffix that still fits. `score` is the draft's expected accepted tokens,
   the sum of those products (SuffixDecoding's tree score, for one path); `support` how often the
-  matched suffix was followed by a token. Pure and deterministic.
+  matched suffix was followed by a token.
+- `tree(context, min_match, min_probability, max_depth, budget)`: for every suffix of `context` of
+  min_match..max_depth - 1 tokens that occurs, its `budget` likeliest continuations, best first
+  (SuffixDecoding's tree expansion): a continuation's probability is the product of the empirical
+  probabilities along it, at least `min_probability`, and at most `max_depth` tokens long
+  (re-anchored at the depth bound like a path). Returns each continuation with its highest
+  probability over the matched lengths; with a continuation, every prefix of it is there, as
+  likely or likelier. Pure and deterministic.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -115,3 +124,31 @@ class SuffixTrie:
             path.append(token)
             node = child
         return Candidate(draft, score, match_len, support)
+
+    def tree(self, context: Sequence[int], min_match: int, min_probability: float, max_depth: int,
+             budget: int) -> dict[tuple[int, ...], float]:
+        found: dict[tuple[int, ...], float] = {}
+        longest = min(len(context), self.max_depth - 1)
+        for k in range(min_match, longest + 1):
+            node = self._node(context[len(context) - k:])
+            if node is None:
+                break  # no longer suffix occurs either
+            matched = tuple(context[len(context) - k:])
+            # best first: (-probability, draft); ties go to the smaller draft, so the order is deterministic
+            heap: list[tuple[float, tuple[int, ...], _Node]] = [(-1.0, (), node)]
+            taken = 0
+            while heap and taken < budget:
+                neg, draft, at = heapq.heappop(heap)
+                if draft:
+                    found[draft] = max(found.get(draft, 0.0), -neg)
+                    taken += 1
+                if len(draft) >= max_depth:
+                    continue
+                if not at.total and k + len(draft) >= self.max_depth:
+                    path = matched + draft  # the depth bound ended it: re-anchor on the longest suffix that fits
+                    at = self._node(path[len(path) - self.max_depth + 1:]) or at
+                for token, child in at.children.items():
+                    p = -neg * (child.count / at.total)  # a certain token keeps p exactly
+                    if p >= min_probability:
+                        heapq.heappush(heap, (-p, draft + (token,), child))
+        return found

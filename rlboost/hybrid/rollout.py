@@ -17,6 +17,7 @@ import ray
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.engine import SamplingParams
 from rlboost.histospec import HistoryStore
+from rlboost.histospec.drafter import SUFFIX_DRAFTERS
 from rlboost.histospec.metrics import merged, spec_metrics
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
@@ -90,7 +91,7 @@ class HybridRollout:
         history = self.history.responses if self.history is not None else None
         spec = self.fleet.spec.histospec
         # only the suffix drafter drafts from siblings
-        siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter == "suffix" else 0
+        siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
         # an evaluation has no seeding window: every worker generates to the end
         self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
                                            history, plan and plan.outlook, siblings)

@@ -80,7 +80,7 @@ def configured_engine(spec: WorkerSpec) -> EngineBackend:
     """The default engine: the one `spec.engine.backend` names (`rlboost.engine.factory`), on the worker's
     share of threads, serving no trained weights (version -1) until the first pull, verifying drafts of
     HistoSpec's longest when `spec.histospec` is set."""
-    spec.engine.check_histospec(spec.histospec is not None)
+    spec.engine.check_histospec(spec.histospec is not None, spec.histospec.drafter if spec.histospec else "ngram")
     return make_engine(spec.model, spec.engine, spec.eos_token_ids, weights=None, version=-1,
                        num_threads=spec.num_threads, draft_tokens=spec.histospec.max_draft if spec.histospec else 0)
 
