@@ -97,7 +97,7 @@ def assert_bit_identical(reached, m):
 def test_a_worker_reaches_every_version_by_patch_bit_for_bit(bucket_mb):
     publisher = Publisher(WeightsConfig(bucket_mb=bucket_mb), "bfloat16")
     worker, state = HostCopy(), params()
-    modes = []
+    modes, before = [], state
     for v in range(4):
         m = publisher.publish(list(state.items()), v).manifest
         assert all(s.dtype == "torch.bfloat16" for b in m.buckets for s in b.tensors)  # the wire dtype
