@@ -310,6 +310,19 @@ def test_spec_budget_measures_plain_then_speculation_then_keeps_the_cheaper():
     assert budget.plain_step_s(2) == pytest.approx(0.10) and budget.plain_step_s(3) is None
 
 
+def test_spec_budget_weighs_throughput_not_the_luck_of_the_last_verifications():
+    """Verifications of 60 ms that emit 1 token or 9 in turn run at 12 ms a token against plain's 30:
+    the budget keeps speculating, also right after an unlucky one. (A moving average of each step's
+    ms per token, 6.7 and 60 in turn, stands at 34 after the sixth and would stop it.)"""
+    budget = SpecBudget(max_batch=8, probe_every=100)
+    budget.speculate(1)
+    budget.observe(1, seconds=0.03, tokens=1, speculative=False)
+    for tokens in (9, 1, 9, 1, 9, 1):
+        budget.observe(1, seconds=0.06, tokens=tokens, speculative=True)
+    assert budget.per_token(1, True) < budget.per_token(1, False) == pytest.approx(0.03)
+    assert budget.speculate(1)
+
+
 def test_spec_budget_stops_where_speculation_is_slower_and_retries_later():
     budget = SpecBudget(max_batch=8, probe_every=4, smoothing=1.0)
     budget.speculate(4)
