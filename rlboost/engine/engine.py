@@ -147,9 +147,11 @@ class LLMEngine:
         self.last_step = (len(batch), is_prefill)
         if not batch:
             return []
-        drafts = {} if is_prefill else self._drafts(batch)
-        width = 1 + max(map(len, drafts.values()), default=0)
+        # a speculating step's time includes its drafting: the budget weighs all that speculation costs
         t0 = time.perf_counter()
+        speculating = not is_prefill and self.drafter is not None and self.spec_budget.speculate(len(batch))
+        drafts = self._drafts(batch) if speculating else {}
+        width = 1 + max(map(len, drafts.values()), default=0)
         try:
             self.cache.reserve(len(self.scheduler.running),
                                min(self.max_model_len, max(seq.num_tokens for seq in batch) + width - 1))
@@ -169,7 +171,7 @@ class LLMEngine:
             raise
 
         if not is_prefill:
-            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), bool(drafts))
+            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), speculating, bool(drafts))
         for seq, pairs in zip(batch, emitted):
             kept, reason = self._kept(seq, pairs)
             self.book.append(seq.request_id, [token for token, _ in kept], [logprob for _, logprob in kept], reason)
@@ -188,10 +190,8 @@ class LLMEngine:
     # ---- speculative decoding (HistoSpec) ----------------------------------------------------------
 
     def _drafts(self, batch: list[Sequence]) -> dict[str, DraftTree]:
-        """Draft trees per request (a drafter's list is a path), when speculation should pay: a small
-        (memory-bound) batch. A draft leaves room for the bonus token within max_tokens and the context."""
-        if self.drafter is None or not self.spec_budget.speculate(len(batch)):
-            return {}
+        """Draft trees per request (a drafter's list is a path). A draft leaves room for the bonus token
+        within max_tokens and the context."""
         drafts = {}
         for seq in batch:
             context_room = self.max_model_len - seq.num_tokens - 1
@@ -204,9 +204,11 @@ class LLMEngine:
                     drafts[seq.request_id] = tree
         return drafts
 
-    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
-        self.spec_budget.observe(batch, seconds, tokens, speculative)
-        self.spec_stats.decode_step(batch, seconds, tokens, speculative, self.spec_budget.plain_step_s(batch))
+    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculating: bool, verified: bool) -> None:
+        """`speculating`: the budget chose to draft (drafting found nothing to verify, or did);
+        `verified`: the step verified drafts."""
+        self.spec_budget.observe(batch, seconds, tokens, speculating)
+        self.spec_stats.decode_step(batch, seconds, tokens, verified, self.spec_budget.plain_step_s(batch))
 
     def _verify(self, batch: list[Sequence], drafts: dict[str, DraftTree], width: int) -> list[list[tuple[int, float]]]:
         """One forward over each request's last token plus its draft tree; returns the tokens to emit.
