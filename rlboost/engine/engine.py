@@ -147,10 +147,13 @@ class LLMEngine:
         self.last_step = (len(batch), is_prefill)
         if not batch:
             return []
-        # a speculating step's time includes its drafting: the budget weighs all that speculation costs
+        # a verify step's time includes its drafting, which the budget weighs too; a step that found
+        # nothing to draft is timed as the plain step it is (so speculation is first measured with drafts)
         t0 = time.perf_counter()
         speculating = not is_prefill and self.drafter is not None and self.spec_budget.speculate(len(batch))
         drafts = self._drafts(batch) if speculating else {}
+        if not drafts:
+            t0 = time.perf_counter()
         width = 1 + max(map(len, drafts.values()), default=0)
         try:
             self.cache.reserve(len(self.scheduler.running),
@@ -171,7 +174,7 @@ class LLMEngine:
             raise
 
         if not is_prefill:
-            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), speculating, bool(drafts))
+            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), bool(drafts))
         for seq, pairs in zip(batch, emitted):
             kept, reason = self._kept(seq, pairs)
             self.book.append(seq.request_id, [token for token, _ in kept], [logprob for _, logprob in kept], reason)
@@ -204,11 +207,9 @@ class LLMEngine:
                     drafts[seq.request_id] = tree
         return drafts
 
-    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculating: bool, verified: bool) -> None:
-        """`speculating`: the budget chose to draft (drafting found nothing to verify, or did);
-        `verified`: the step verified drafts."""
-        self.spec_budget.observe(batch, seconds, tokens, speculating)
-        self.spec_stats.decode_step(batch, seconds, tokens, verified, self.spec_budget.plain_step_s(batch))
+    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
+        self.spec_budget.observe(batch, seconds, tokens, speculative)
+        self.spec_stats.decode_step(batch, seconds, tokens, speculative, self.spec_budget.plain_step_s(batch))
 
     def _verify(self, batch: list[Sequence], drafts: dict[str, DraftTree], width: int) -> list[list[tuple[int, float]]]:
         """One forward over each request's last token plus its draft tree; returns the tokens to emit.
