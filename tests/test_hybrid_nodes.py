@@ -85,7 +85,10 @@ def test_removed_nodes_lose_no_sample(fleet):
             worker.resume()
     assert removed, "the step never gave the held worker a sample, so its node was never removed"
     check_invariants(out, run, state=fleet.served())
-    [(_, name, reason)] = run.stats.deaths
+    stats = run.stats
+    assert len(stats.deaths) == 1, (f"the step ended with no death of {victim.name} found: samples moved "
+                                    f"{dict(stats.migrated)}, tokens by worker {dict(stats.tokens_by_worker)}")
+    [(_, name, reason)] = stats.deaths
     # found out from the cluster (the node table, or the actor's death it reports), not by waiting out
     # the heartbeat timeout
     assert name == victim.name and not reason.startswith("no sign of life"), run.stats.deaths
