@@ -83,6 +83,14 @@ class SuffixTrie:
             state = nxt[:self.max_depth - 1]  # nxt[i] has depth i + 1
         return state
 
+    def _past_bound(self, path: Sequence[int], node: _Node) -> _Node:
+        """Where `path` (ending at `node`) continues: `node`, unless the depth bound rather than the data
+        ended it, then the node of its longest suffix that fits (re-anchored)."""
+        if node.total or len(path) < self.max_depth:
+            return node
+        found = self._node(path[len(path) - self.max_depth + 1:])
+        return found if found is not None else node
+
     def _node(self, tokens: Sequence[int]) -> _Node | None:
         node = self.root
         for token in tokens:
@@ -108,10 +116,7 @@ class SuffixTrie:
         support = node.total
         prob, score = 1.0, 0.0
         while len(draft) < limit:
-            if not node.total and len(path) >= self.max_depth:
-                # the depth bound, not the data, ended the path: continue from its longest suffix that fits
-                found = self._node(path[len(path) - self.max_depth + 1:])
-                node = found if found is not None else node
+            node = self._past_bound(path, node)
             if not node.total:
                 break
             token, child = min(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
@@ -144,9 +149,7 @@ class SuffixTrie:
                     taken += 1
                 if len(draft) >= max_depth:
                     continue
-                if not at.total and k + len(draft) >= self.max_depth:
-                    path = matched + draft  # the depth bound ended it: re-anchor on the longest suffix that fits
-                    at = self._node(path[len(path) - self.max_depth + 1:]) or at
+                at = self._past_bound(matched + draft, at)
                 for token, child in at.children.items():
                     p = -neg * (child.count / at.total)  # a certain token keeps p exactly
                     if p >= min_probability:
