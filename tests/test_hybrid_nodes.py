@@ -4,6 +4,7 @@ DESIGN.md 2.7 warns of: the manager must notice from the cluster's node table an
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import psutil
@@ -47,19 +48,23 @@ def test_removed_nodes_lose_no_sample(fleet):
     fleet.wait_ready(timeout_s=patience(120))
     assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
-    # the node goes, its worker process stays: only the cluster (the node table, or the actor's death it
-    # reports) says it is gone. The worker is held still from before the step, so whatever share the step
-    # gives it stays unfinished and there are always samples to rescue from it. (Held from an event of the
-    # step instead, it could already have sent its whole share: the manager's reader takes reports as they
-    # come, and a busy machine's step loop can apply them far later. A CI run beside a CPU hog saw that:
-    # the step ended with the share done, before the node's loss was found.) The step has no seeding
-    # window, so every worker gets its share when it starts: with one, the reserved worker may finish the
-    # step before the hand-off gives the held worker anything, and nothing is left to find (a later CI
-    # run beside a hog saw that: no sample held, no node removed, no death).
+    # the node stops answering and the cluster removes it (its health checks fail), its worker process
+    # lives on: only the cluster (the node table, or the actor's death it reports) says it is gone. The
+    # whole node is held still (SIGSTOP), none of it killed: killing its raylet would orphan the held
+    # worker's process group, and the kernel answers that with SIGHUP then SIGCONT (POSIX job control),
+    # so the worker either dies with its node (SIGHUP) or, where SIGHUP is ignored (a run under nohup),
+    # resumes and can finish its share before its death is found: local runs under nohup saw a step end
+    # with no death that way. The worker is held from before the step, so whatever share the step gives
+    # it stays unfinished and there are always samples to rescue from it; the step has no seeding
+    # window, so every worker gets its share when it starts. The heartbeat timeout is out of reach for
+    # this step, so the cluster is the only way the death can be found, however slow the machine.
     victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
     fleet.killed.add(victim.name)  # if the test fails before the manager finds it dead, the next is not left with it
+
+    def rest_of_node():
+        return [proc for proc in [node, *node.children(recursive=True)] if proc.pid != victim.pid]
 
     def holds_samples(run):
         w = run.state.workers.get(victim.name)
@@ -67,31 +72,36 @@ def test_removed_nodes_lose_no_sample(fleet):
 
     removed = []
 
-    def remove_node_only(run):
+    def node_stops_answering(run):
         removed.append(True)
-        for proc in [node, *node.children(recursive=True)]:
-            if proc.pid != victim.pid:
-                proc.kill()
+        for proc in rest_of_node():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.suspend()
 
     def resume(run):  # fenced by now: whatever it still sends must be ignored
         worker.resume()
 
-    faults = [(holds_samples, remove_node_only), (lambda run: run.stats.deaths, resume)]
+    cfg = fleet.manager.cfg
+    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, patience(600)
+    faults = [(holds_samples, node_stops_answering), (lambda run: run.stats.deaths, resume)]
     worker.suspend()
     try:
         out, run = run_step(fleet, handoff=None, faults=faults)
     finally:
-        if worker.is_running():
-            worker.resume()
+        cfg.heartbeat_timeout_s = saved
+        # the worker first: still held when its raylet dies, it would be resumed
+        for proc in [worker, *rest_of_node()]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
     assert removed, "the step never gave the held worker a sample, so its node was never removed"
     check_invariants(out, run, state=fleet.served())
     stats = run.stats
     assert len(stats.deaths) == 1, (f"the step ended with no death of {victim.name} found: samples moved "
                                     f"{dict(stats.migrated)}, tokens by worker {dict(stats.tokens_by_worker)}")
     [(_, name, reason)] = stats.deaths
-    # found out from the cluster (the node table, or the actor's death it reports), not by waiting out
-    # the heartbeat timeout
+    # found out from the cluster (the node table, or the actor's death it reports)
     assert name == victim.name and not reason.startswith("no sign of life"), run.stats.deaths
+    assert stats.tokens_by_worker[victim.name] == 0  # held from before the step to its death: it sent nothing
 
 
 def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
