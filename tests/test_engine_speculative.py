@@ -57,6 +57,12 @@ def assert_plain_output(plain, spec) -> None:
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
+def verify_every_draft(engine: LLMEngine) -> None:
+    """The budget out of the way: every decode step verifies every draft whole."""
+    engine.spec_budget.speculate = lambda batch: True
+    engine.spec_budget.nodes = lambda batch, sizes: max(sizes)
+
+
 def generate(engine: LLMEngine, prompts, params):
     return engine.generate(prompts, [dataclasses.replace(params, seed=100 + i) for i in range(len(prompts))])
 
@@ -80,6 +86,33 @@ def test_speculation_changes_no_token(family, temperature, wrong_every):
         assert accepted == 0 and drafted > 0  # every draft rejected: one token per step, still exact
     else:
         assert 0 < accepted < drafted  # partial runs: the rejected tail's K/V is rolled back
+
+
+def test_the_engine_verifies_the_nodes_the_budget_keeps_and_times_a_cut_step_with_its_drafting():
+    """The budget's cut (`SpecBudget.nodes`) is what the engine verifies: the first n nodes of every
+    draft, the output plain decoding's; cut whole, the step runs plain and is timed as a verify step
+    of no extra positions (what its drafting cost)."""
+    prompts = random_prompts([5, 9], seed=4)
+    params = SamplingParams(temperature=1.0, max_tokens=24, ignore_eos=True)
+    plain = generate(make_engine("qwen2"), prompts, params)
+    observed = []
+    for keep in (2, 0):
+        drafter = ScriptedDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, length=6)
+        engine = make_engine("qwen2", spec_max_batch=8)
+        engine.drafter = drafter
+        engine.spec_budget.speculate = lambda batch: True
+        engine.spec_budget.nodes = lambda batch, sizes, keep=keep: keep
+        engine.spec_budget.observe = lambda *args: observed.append((keep, *args))
+        assert_plain_output(plain, generate(engine, prompts, params))
+        steps = [(speculative, extra) for k, _, _, _, speculative, extra in observed if k == keep]
+        if keep:
+            # 2 nodes of 6 (fewer only where max_tokens leaves less room), both rows 2 columns wider
+            assert drafter.feedbacks and max(drafted for drafted, _ in drafter.feedbacks) == 2
+            assert max(extra for speculative, extra in steps if speculative) == 2 * 2
+        else:
+            assert not drafter.feedbacks and engine.spec_stats.verifications == 0
+            # (the last step of each request has no room for a draft: plain)
+            assert {extra for speculative, extra in steps if speculative} == {0}
 
 
 class DecoyTreeDrafter(ScriptedDrafter):
@@ -228,7 +261,7 @@ def test_sampled_output_is_distributed_as_without_speculation(monkeypatch, rule)
                        EngineConfig(device="cpu", max_num_seqs=500, spec_max_batch=500))
     engine.drafter = ScriptedDrafter({}, length=1)
     engine.drafter.propose = lambda request_id, context: [drafted]
-    engine.spec_budget.speculate = lambda batch: True  # every second token verified: the rule, not the budget
+    verify_every_draft(engine)  # every second token verified: the rule, not the budget
     outs = engine.generate([[1, 2, 3]] * n, [SamplingParams(temperature=1.0, max_tokens=3, seed=s) for s in range(n)])
     counts = torch.bincount(torch.tensor([o.token_ids[1] for o in outs]), minlength=vocab).double()
     keep = expected >= 5  # chi-square needs expected counts of at least ~5 per cell
@@ -270,7 +303,7 @@ def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
         store.update(p, [a.token_ids[:24] + b.token_ids[24:]])
     engine = make_engine("qwen2", spec_max_batch=8)
     engine.drafter = make_drafter(store, DraftConfig(drafter=drafter))
-    engine.spec_budget.speculate = lambda batch: True  # measure the drafter, not the budget's timing choices
+    verify_every_draft(engine)  # measure the drafter, not the budget's timing choices
     assert_plain_output(plain, generate(engine, prompts, params))
     stats = engine.spec_stats
     assert stats.accepted >= 0.8 * 3 * (24 - 1), stats  # the shared first halves, but their first tokens

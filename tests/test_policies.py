@@ -331,3 +331,64 @@ def test_spec_budget_stops_where_speculation_is_slower_and_retries_later():
     budget.observe(4, seconds=0.2, tokens=5, speculative=True)  # 40 ms per token: a loss
     decisions = [budget.speculate(4) for _ in range(20)]  # eligible steps 3..22
     assert decisions.count(True) == 1 and decisions[17 - 3]  # only the retry at step 17 (= 1 mod 16)
+
+
+def _budget_with_costs(batch: int, plain_s: float, intercept_s: float, per_position_s: float,
+                       acceptance: list[float], probe_every: int = 100) -> SpecBudget:
+    """A budget that measured plain steps of `batch` at `plain_s`, verify steps costing `intercept_s`
+    plus `per_position_s` per extra position beyond them, and node i of a draft accepted at
+    `acceptance[i]` (100 drafts of len(acceptance) nodes)."""
+    budget = SpecBudget(max_batch=8, probe_every=probe_every)
+    budget.observe(batch, plain_s, batch, speculative=False)
+    for width in (2, 5, 9):
+        extra = batch * (width - 1)
+        budget.observe(batch, plain_s + intercept_s + per_position_s * extra, batch + 1, True, extra)
+    for d in range(100):
+        budget.verified(len(acceptance), [i for i, p in enumerate(acceptance) if d < 100 * p])
+    return budget
+
+
+def test_spec_budget_verifies_the_nodes_that_pay_for_their_positions():
+    """Node i pays while its acceptance x a plain token's time exceeds the positions it adds (one per
+    request: the verify batch is padded to its widest draft)."""
+    acceptance = [0.9, 0.6, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1]
+    # batch 8, compute-bound: 10 ms a token plain, 2.5 ms a position: a node pays above 25% acceptance
+    dear = _budget_with_costs(8, plain_s=0.08, intercept_s=0.0, per_position_s=0.0025, acceptance=acceptance)
+    assert dear.acceptance(0) == pytest.approx(90.5 / 101) and dear.acceptance(8) == 0.5  # measured; prior
+    assert dear.nodes(8, [8] * 8) == 2
+    assert dear.nodes(8, [8] + [1] * 7) == 1  # the second node of one request alone does not pay its column
+    # batch 1, memory-bound: 30 ms a token, 0.5 ms a position: every measured node pays
+    cheap = _budget_with_costs(1, plain_s=0.03, intercept_s=0.0, per_position_s=0.0005, acceptance=acceptance)
+    assert cheap.nodes(1, [8]) == 8 and cheap.nodes(1, [3]) == 3
+    # a fixed cost of verifying (drafting, the tree's masks) that no acceptance covers: the step runs plain
+    costly = _budget_with_costs(1, plain_s=0.03, intercept_s=0.2, per_position_s=0.0005, acceptance=acceptance)
+    assert costly.nodes(1, [8]) == 0
+
+
+def test_spec_budget_verifies_whole_drafts_until_measured_and_on_its_probes():
+    budget = SpecBudget(max_batch=8, probe_every=2)
+    assert budget.nodes(4, [3, 5]) == 5  # no plain step, no verify cost measured yet
+    budget = _budget_with_costs(8, plain_s=0.08, intercept_s=0.0, per_position_s=0.0025,
+                                acceptance=[0.9, 0.1, 0.1, 0.1], probe_every=2)
+    decisions = [budget.nodes(8, [4] * 8) for _ in range(16)]
+    assert decisions.count(4) == 2 and decisions[7] == decisions[15] == 4  # every 4 * probe_every-th: whole
+    assert set(decisions) - {4} == {1}
+
+
+def test_line_fit_recovers_a_line_and_falls_back_where_x_did_not_vary():
+    from rlboost.policies.spec_budget import LineFit
+
+    fit = LineFit()
+    assert fit.line() is None
+    for x in (0, 8, 16, 64):
+        fit.add(x, 0.01 + 0.002 * x)
+    intercept, slope = fit.line()
+    assert intercept == pytest.approx(0.01) and slope == pytest.approx(0.002)
+    same = LineFit()
+    for _ in range(3):
+        same.add(8, 0.04)
+    assert same.line() == pytest.approx((0.0, 0.005))  # all of it charged per position
+    cut_whole = LineFit()
+    for _ in range(3):
+        cut_whole.add(0, 0.003)
+    assert cut_whole.line() == pytest.approx((0.003, 0.0))  # only drafting measured

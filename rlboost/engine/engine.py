@@ -148,12 +148,16 @@ class LLMEngine:
         if not batch:
             return []
         # a verify step's time includes its drafting, which the budget weighs too; a step that found
-        # nothing to draft is timed as the plain step it is (so speculation is first measured with drafts)
+        # nothing to draft is timed as the plain step it is (so speculation is first measured with drafts),
+        # one whose drafts the budget cut whole as a verify step of no extra positions (its drafting cost)
         t0 = time.perf_counter()
         speculating = not is_prefill and self.drafter is not None and self.spec_budget.speculate(len(batch))
         drafts = self._drafts(batch) if speculating else {}
         if not drafts:
-            t0 = time.perf_counter()
+            speculating, t0 = False, time.perf_counter()
+        else:
+            keep = self.spec_budget.nodes(len(batch), [len(tree) for tree in drafts.values()])
+            drafts = {rid: tree.cut(len(tree), keep) for rid, tree in drafts.items()} if keep else {}
         width = 1 + max(map(len, drafts.values()), default=0)
         try:
             self.cache.reserve(len(self.scheduler.running),
@@ -174,7 +178,8 @@ class LLMEngine:
             raise
 
         if not is_prefill:
-            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), bool(drafts))
+            self._observe_decode(len(batch), time.perf_counter() - t0, sum(map(len, emitted)), speculating,
+                                 len(batch) * (width - 1))
         for seq, pairs in zip(batch, emitted):
             kept, reason = self._kept(seq, pairs)
             self.book.append(seq.request_id, [token for token, _ in kept], [logprob for _, logprob in kept], reason)
@@ -207,8 +212,8 @@ class LLMEngine:
                     drafts[seq.request_id] = tree
         return drafts
 
-    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
-        self.spec_budget.observe(batch, seconds, tokens, speculative)
+    def _observe_decode(self, batch: int, seconds: float, tokens: int, speculative: bool, extra_positions: int) -> None:
+        self.spec_budget.observe(batch, seconds, tokens, speculative, extra_positions)
         self.spec_stats.decode_step(batch, seconds, tokens, speculative, self.spec_budget.plain_step_s(batch))
 
     def _verify(self, batch: list[Sequence], drafts: dict[str, DraftTree], width: int) -> list[list[tuple[int, float]]]:
@@ -262,6 +267,7 @@ class LLMEngine:
             if len(tree):
                 self.drafter.feedback(seq.request_id, len(tree), len(accepted))
                 self.spec_stats.record(len(tree), len(accepted))
+                self.spec_budget.verified(len(tree), accepted)
         return emitted
 
     def _compact(self, seq: Sequence, columns: list[int]) -> None:

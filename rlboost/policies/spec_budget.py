@@ -9,12 +9,57 @@ the ratio of moving averages of a step's seconds and of its tokens, a throughput
 each step's ratio would be ruled by unlucky verifications (a full draft verified, one token emitted),
 and keep speculation off where, step for step, it pays.
 Every `probe_every`-th eligible step runs plain so the baseline stays measured (and a batch size
-where speculation lost gets retried on the probes' schedule). Pure: the engine passes the times in.
+where speculation lost gets retried on the probes' schedule).
+
+How much of a draft to verify (`nodes`, for engines that verify any prefix of a draft tree): a verify
+step costs a plain step of its batch plus s + k*x, x the positions it computes beyond one per request
+(`extra_positions`), the line fitted to its measured steps (per batch size where the drafts' sizes
+let it, else over all). Node i of a tree (parents first) is accepted with a probability measured per
+index; with coupled draws that does not depend on which other nodes are verified, so the first n
+nodes of every tree are expected to add the sum of those probabilities in tokens, each saving a
+plain token's time. The budget keeps the n with the largest expected saving net of their cost: none
+where nothing pays (the step is then plain), few where positions are dear (a large batch on a CPU),
+all where they are nearly free (a memory-bound GPU step). Every `4 * probe_every`-th speculating
+step verifies whole drafts, so the acceptance of nodes it cut stays measured.
+Pure: the engine passes the times in.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+
+
+NODE_MEMORY = 2000
+"""Verified drafts after which the node acceptance counts are halved (the policy changes as it trains)."""
+
+
+class LineFit:
+    """y = intercept + slope * x by exponentially weighted least squares (`forget`: each older
+    observation's weight shrinks by that factor)."""
+
+    def __init__(self, forget: float = 0.95):
+        self.forget = forget
+        self._sums = [0.0] * 5  # weights, x, y, x*x, x*y
+
+    def add(self, x: float, y: float) -> None:
+        f = self.forget
+        self._sums = [f * old + new for old, new in zip(self._sums, (1.0, x, y, x * x, x * y))]
+
+    def line(self) -> tuple[float, float] | None:
+        """(intercept, slope >= 0), or None before two observations. Where x hardly varied the
+        intercept is not identified: the line through the origin, every second charged per position."""
+        w, sx, sy, sxx, sxy = self._sums
+        if w < 1.5:
+            return None
+        if sx <= 0:  # every draft was cut whole: what verifying costs beyond that is not measured yet
+            return sy / w, 0.0
+        spread = w * sxx - sx * sx
+        if spread > 1e-3 * w * sxx:
+            slope = (w * sxy - sx * sy) / spread
+            if slope >= 0:
+                return (sy - slope * sx) / w, slope
+        return 0.0, max(sy, 0.0) / sx if sx > 0 else 0.0
 
 
 class SpecBudget:
@@ -27,6 +72,12 @@ class SpecBudget:
         self._spec: dict[int, tuple[float, float]] = {}
         """Batch size -> the same of verification steps."""
         self._eligible: Counter[int] = Counter()
+        self._extra: dict[int, LineFit] = {}
+        """Batch size -> the fit of a verify step's seconds beyond its batch's plain step, against the
+        positions it computed beyond one per request; key 0: over every batch size."""
+        self._node_counts: list[list[float]] = []
+        """Per node index (a tree's nodes parents first): [times verified, times accepted]."""
+        self._speculating = 0
 
     def speculate(self, batch: int) -> bool:
         """Whether the coming decode step of `batch` requests should verify drafts."""
@@ -40,10 +91,55 @@ class SpecBudget:
             return True  # measure speculation too, and retry it now and then where it lost
         return self.per_token(batch, True) < self.per_token(batch, False)
 
-    def observe(self, batch: int, seconds: float, tokens: int, speculative: bool) -> None:
-        """A decode step of `batch` requests took `seconds` and emitted `tokens` tokens."""
+    def nodes(self, batch: int, sizes: Sequence[int]) -> int:
+        """How many nodes of each of the step's drafts (their sizes `sizes`, one per request that has
+        one) to verify: the first n of every tree, n chosen for the largest expected saving (0: run the
+        step plain). Whole drafts until the cost is measured, and on every `4 * probe_every`-th call."""
+        largest = max(sizes, default=0)
+        self._speculating += 1
+        line = next((fit.line() for fit in (self._extra.get(batch), self._extra.get(0))
+                     if fit is not None and fit.line() is not None), None)
+        plain = self.plain_step_s(batch)
+        if line is None or plain is None or self._speculating % (4 * self.probe_every) == 0:
+            return largest
+        intercept, slope = line
+        per_token = plain / batch
+        best, best_gain, gain = 0, 0.0, -intercept
+        for n in range(1, largest + 1):
+            p = self.acceptance(n - 1)
+            gain += per_token * p * sum(size >= n for size in sizes) - slope * batch
+            if gain > best_gain:
+                best, best_gain = n, gain
+        return best
+
+    def acceptance(self, index: int) -> float:
+        """The measured probability that node `index` of a draft (parents first) is accepted; a
+        prior of 1/2 until measured."""
+        verified, accepted = self._node_counts[index] if index < len(self._node_counts) else (0.0, 0.0)
+        return (accepted + 0.5) / (verified + 1.0)
+
+    def verified(self, size: int, accepted: Sequence[int]) -> None:
+        """A draft of `size` nodes was verified and the nodes `accepted` (indices) were accepted."""
+        while len(self._node_counts) < size:
+            self._node_counts.append([0.0, 0.0])
+        if self._node_counts and self._node_counts[0][0] >= NODE_MEMORY:  # the policy moves on: so do they
+            self._node_counts = [[verified / 2, accepted / 2] for verified, accepted in self._node_counts]
+        for counts in self._node_counts[:size]:
+            counts[0] += 1
+        for index in accepted:
+            self._node_counts[index][1] += 1
+
+    def observe(self, batch: int, seconds: float, tokens: int, speculative: bool,
+                extra_positions: int | None = None) -> None:
+        """A decode step of `batch` requests took `seconds` and emitted `tokens` tokens; a verify step
+        may say how many positions it computed beyond one per request (`extra_positions`, 0 when its
+        drafts were all cut), which fits the cost `nodes` weighs."""
         if batch <= 0 or tokens <= 0 or seconds <= 0:
             return
+        plain = self.plain_step_s(batch)
+        if speculative and extra_positions is not None and plain is not None:
+            for key in (batch, 0):
+                self._extra.setdefault(key, LineFit()).add(extra_positions, seconds - plain)
         table = self._spec if speculative else self._plain
         old = table.get(batch)
         a = self.smoothing
