@@ -392,3 +392,16 @@ def test_line_fit_recovers_a_line_and_falls_back_where_x_did_not_vary():
     for _ in range(3):
         cut_whole.add(0, 0.003)
     assert cut_whole.line() == pytest.approx((0.003, 0.0))  # only drafting measured
+
+
+def test_spec_budget_drafts_where_the_best_cut_of_typical_drafts_saves_time():
+    """Once the verify cost and the acceptance are measured, whether to draft follows the best cut,
+    not the per-token time of past verify steps (which whole, expensive drafts set)."""
+    for acceptance, drafts in (([0.9, 0.6, 0.2, 0.2], True), ([0.2, 0.1, 0.1, 0.1], False)):
+        budget = _budget_with_costs(8, plain_s=0.08, intercept_s=0.0, per_position_s=0.0025,
+                                    acceptance=acceptance)
+        assert budget.per_token(8, True) > budget.per_token(8, False)  # the measured verify steps lost
+        budget.nodes(8, [4] * 8)  # typical drafts: 4 nodes for every request
+        assert budget.speculate(8)  # its first eligible step: a retry (then every 400th; plain every 100th)
+        decisions = [budget.speculate(8) for _ in range(30)]
+        assert set(decisions) == {drafts}, (acceptance, decisions)

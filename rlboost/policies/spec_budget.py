@@ -20,7 +20,10 @@ nodes of every tree are expected to add the sum of those probabilities in tokens
 plain token's time. The budget keeps the n with the largest expected saving net of their cost: none
 where nothing pays (the step is then plain), few where positions are dear (a large batch on a CPU),
 all where they are nearly free (a memory-bound GPU step). Every `4 * probe_every`-th speculating
-step verifies whole drafts, so the acceptance of nodes it cut stays measured.
+step verifies whole drafts, so the acceptance of nodes it cut stays measured. Once an engine reports
+these costs, whether a step drafts at all follows the same sum over the drafts steps have typically
+had (the share of requests with an i-th node), not the per-token time of past verify steps, which
+whole drafts verified before any cut was possible would set.
 Pure: the engine passes the times in.
 """
 
@@ -78,9 +81,13 @@ class SpecBudget:
         self._node_counts: list[list[float]] = []
         """Per node index (a tree's nodes parents first): [times verified, times accepted]."""
         self._speculating = 0
+        self._drafted_share: list[float] = []
+        """Per node index: moving average of the share of a drafting step's requests whose draft has it."""
 
     def speculate(self, batch: int) -> bool:
-        """Whether the coming decode step of `batch` requests should verify drafts."""
+        """Whether the coming decode step of `batch` requests should draft: where the verify cost and
+        the acceptance are measured (engines that report both), where the best cut of typical drafts
+        is expected to save time; else where verify steps of this batch size measured cheaper per token."""
         if not 0 < batch <= self.max_batch:
             return False
         self._eligible[batch] += 1
@@ -89,6 +96,9 @@ class SpecBudget:
             return False  # measure (or refresh) the plain baseline first
         if batch not in self._spec or count % (4 * self.probe_every) == 1:
             return True  # measure speculation too, and retry it now and then where it lost
+        expected = self._best_cut(batch, [share * batch for share in self._drafted_share])
+        if expected is not None:
+            return expected[0] > 0
         return self.per_token(batch, True) < self.per_token(batch, False)
 
     def nodes(self, batch: int, sizes: Sequence[int]) -> int:
@@ -96,20 +106,32 @@ class SpecBudget:
         one) to verify: the first n of every tree, n chosen for the largest expected saving (0: run the
         step plain). Whole drafts until the cost is measured, and on every `4 * probe_every`-th call."""
         largest = max(sizes, default=0)
+        drafting = [sum(size > i for size in sizes) for i in range(largest)]
+        a = self.smoothing
+        self._drafted_share += [0.0] * (largest - len(self._drafted_share))
+        self._drafted_share = [old + a * ((drafting[i] if i < largest else 0) / batch - old)
+                               for i, old in enumerate(self._drafted_share)]
         self._speculating += 1
+        best = self._best_cut(batch, drafting)
+        if best is None or self._speculating % (4 * self.probe_every) == 0:
+            return largest
+        return best[0]
+
+    def _best_cut(self, batch: int, drafting: Sequence[float]) -> tuple[int, float] | None:
+        """(n, the expected seconds saved) for verifying the first n nodes of drafts of which
+        `drafting[i]` have an i-th node, n = 0 where none saves any; None before the cost is measured."""
         line = next((fit.line() for fit in (self._extra.get(batch), self._extra.get(0))
                      if fit is not None and fit.line() is not None), None)
         plain = self.plain_step_s(batch)
-        if line is None or plain is None or self._speculating % (4 * self.probe_every) == 0:
-            return largest
+        if line is None or plain is None:
+            return None
         intercept, slope = line
         per_token = plain / batch
-        best, best_gain, gain = 0, 0.0, -intercept
-        for n in range(1, largest + 1):
-            p = self.acceptance(n - 1)
-            gain += per_token * p * sum(size >= n for size in sizes) - slope * batch
-            if gain > best_gain:
-                best, best_gain = n, gain
+        best, gain = (0, 0.0), -intercept
+        for n, count in enumerate(drafting, 1):
+            gain += per_token * self.acceptance(n - 1) * count - slope * batch
+            if gain > best[1]:
+                best = (n, gain)
         return best
 
     def acceptance(self, index: int) -> float:
