@@ -60,7 +60,7 @@ def assert_plain_output(plain, spec) -> None:
 def verify_every_draft(engine: LLMEngine) -> None:
     """The budget out of the way: every decode step verifies every draft whole."""
     engine.spec_budget.speculate = lambda batch: True
-    engine.spec_budget.nodes = lambda batch, sizes: max(sizes)
+    engine.spec_budget.nodes = lambda batch, sizes: max(sizes, default=0)
 
 
 def generate(engine: LLMEngine, prompts, params):
