@@ -62,7 +62,7 @@ class LineFit:
             slope = (w * sxy - sx * sy) / spread
             if slope >= 0:
                 return (sy - slope * sx) / w, slope
-        return 0.0, max(sy, 0.0) / sx if sx > 0 else 0.0
+        return 0.0, max(sy, 0.0) / sx
 
 
 class SpecBudget:
@@ -120,8 +120,8 @@ class SpecBudget:
     def _best_cut(self, batch: int, drafting: Sequence[float]) -> tuple[int, float] | None:
         """(n, the expected seconds saved) for verifying the first n nodes of drafts of which
         `drafting[i]` have an i-th node, n = 0 where none saves any; None before the cost is measured."""
-        line = next((fit.line() for fit in (self._extra.get(batch), self._extra.get(0))
-                     if fit is not None and fit.line() is not None), None)
+        fits = [fit for fit in (self._extra.get(batch), self._extra.get(0)) if fit is not None]
+        line = next((line for line in map(LineFit.line, fits) if line is not None), None)
         plain = self.plain_step_s(batch)
         if line is None or plain is None:
             return None
