@@ -15,6 +15,7 @@ every limit on how long something may take (a worker's boot, a stalled step) is 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -246,6 +247,18 @@ def advance(fleet: Fleet) -> int:
     dropped = [(h.name, h.fenced) for h in fleet.manager.table.handles() if h.name in serving and not h.alive]
     assert not dropped, f"workers dropped while pulling version {version}: {dropped}"
     return version
+
+
+@contextlib.contextmanager
+def heartbeat_timeout(fleet: Fleet, seconds: float):
+    """The manager's heartbeat timeout is `seconds` for the steps started inside (each step reads it
+    when it starts), and what it was again after, whatever happened."""
+    cfg = fleet.manager.cfg
+    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, seconds
+    try:
+        yield
+    finally:
+        cfg.heartbeat_timeout_s = saved
 
 
 def run_step(fleet: Fleet, handoff: Callable[[StepRun], bool] | None = reserved_streamed, faults: list[Fault] = (),

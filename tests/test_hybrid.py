@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, kill, patience,
-                         make_whole, preemptible, reference, refill, run_step, start_fleet,
+from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, heartbeat_timeout, kill,
+                         make_whole, patience, preemptible, reference, refill, run_step, start_fleet,
                          version_weights)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 from rlboost.hybrid.token_ledger import read_ledger
@@ -151,8 +151,6 @@ def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet):
     """SIGSTOP freezes a busy instance: Ray still counts it alive and its stream just goes quiet. Missed
     heartbeats and an unanswered ping get it declared dead; SIGCONT once it is lets it stream again,
     and all of it is dropped."""
-    cfg = fleet.manager.cfg
-    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, 1.6
     frozen = {}
 
     def freeze(run):
@@ -163,10 +161,10 @@ def test_a_frozen_worker_is_fenced_and_its_late_tokens_dropped(fleet):
         os.kill(frozen["h"].pid, signal.SIGCONT)
 
     try:
-        out, run = run_step(fleet, faults=[(lambda run: busiest(run) is not None, freeze),
-                                           (lambda run: "h" in frozen and not frozen["h"].alive, thaw)])
+        with heartbeat_timeout(fleet, 1.6):
+            out, run = run_step(fleet, faults=[(lambda run: busiest(run) is not None, freeze),
+                                               (lambda run: "h" in frozen and not frozen["h"].alive, thaw)])
     finally:
-        cfg.heartbeat_timeout_s = saved
         if "h" in frozen:
             os.kill(frozen["h"].pid, signal.SIGCONT)
     check_invariants(out, run, state=fleet.served())

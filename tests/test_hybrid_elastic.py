@@ -15,7 +15,7 @@ import pytest
 import ray
 
 from hybrid_util import (ENGINE, MODEL, advance, busiest, check_invariants, handed_off, make_whole, patience, run_step,
-                         slow_loads,
+                         heartbeat_timeout, slow_loads,
                          start_fleet)
 from rlboost.cluster import weights as ws
 from rlboost.hybrid.fleet import WorkerActor
@@ -59,9 +59,6 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet):
     frozen (SIGSTOP) from the join until the step has the newcomer serving, then thawed."""
     joined, frozen = [], {}
     fleet.manager.pulls.take_stats()
-    cfg = fleet.manager.cfg
-    # frozen for as long as a boot and a pull may take: not declared dead meanwhile
-    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, patience(120)
 
     def join(run):  # once the reserved worker is busy with the step
         (frozen["h"],) = fleet.manager.table.alive(RESERVED)
@@ -73,11 +70,12 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet):
         return w is not None and w.status is WorkerState.SERVING
 
     try:
-        out, run = run_step(fleet, handoff=None,  # the reserved worker alone would take the whole step
-                            faults=[(lambda run: run.stats.tokens_by_kind[RESERVED] > 0, join),
-                                    (serving, lambda run: os.kill(frozen["h"].pid, signal.SIGCONT))])
+        # frozen for as long as a boot and a pull may take: not declared dead meanwhile
+        with heartbeat_timeout(fleet, patience(120)):
+            out, run = run_step(fleet, handoff=None,  # the reserved worker alone would take the whole step
+                                faults=[(lambda run: run.stats.tokens_by_kind[RESERVED] > 0, join),
+                                        (serving, lambda run: os.kill(frozen["h"].pid, signal.SIGCONT))])
     finally:
-        cfg.heartbeat_timeout_s = saved
         if "h" in frozen:
             os.kill(frozen["h"].pid, signal.SIGCONT)
     check_invariants(out, run, state=fleet.served())

@@ -10,7 +10,8 @@ import random
 import psutil
 import pytest
 
-from hybrid_util import (advance, after_tokens, check_invariants, kill, make_whole, patience, preemptible, run_step,
+from hybrid_util import (advance, after_tokens, check_invariants, heartbeat_timeout, kill, make_whole, patience,
+                         preemptible, run_step,
                          start_fleet)
 from rlboost.hybrid.handles import PREEMPTIBLE
 
@@ -81,14 +82,12 @@ def test_removed_nodes_lose_no_sample(fleet):
     def resume(run):  # fenced by now: whatever it still sends must be ignored
         worker.resume()
 
-    cfg = fleet.manager.cfg
-    saved, cfg.heartbeat_timeout_s = cfg.heartbeat_timeout_s, patience(600)
     faults = [(holds_samples, node_stops_answering), (lambda run: run.stats.deaths, resume)]
     worker.suspend()
     try:
-        out, run = run_step(fleet, handoff=None, faults=faults)
+        with heartbeat_timeout(fleet, patience(600)):
+            out, run = run_step(fleet, handoff=None, faults=faults)
     finally:
-        cfg.heartbeat_timeout_s = saved
         # the worker first: still held when its raylet dies, it would be resumed
         for proc in [worker, *rest_of_node()]:
             with contextlib.suppress(psutil.NoSuchProcess):
