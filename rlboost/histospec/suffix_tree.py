@@ -34,15 +34,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 
-class _Node:
-    __slots__ = ("count", "total", "children")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.children: dict[int, _Node] = {}
-
-
 @dataclass(frozen=True)
 class Candidate:
     tokens: list[int]
@@ -56,45 +47,67 @@ class Candidate:
 
 
 class SuffixTrie:
+    """Nodes are ints indexing flat lists, children are {token: node} dicts of ints: the garbage collector
+    tracks none of them (a trie of objects put millions of nodes under every full collection, a pause of
+    a quarter second mid-rollout on a CPU engine)."""
+
+    ROOT = 0
+
     def __init__(self, max_depth: int):
         if max_depth < 2:
             raise ValueError(f"max_depth must be >= 2, got {max_depth}")
         self.max_depth = max_depth
-        self.root = _Node()
-        self.num_nodes = 1
+        self._children: list[dict[int, int]] = [{}]
+        self._count: list[int] = [0]
+        self._total: list[int] = [0]
 
-    def start(self) -> list[_Node]:
+    @property
+    def num_nodes(self) -> int:
+        return len(self._count)
+
+    def start(self) -> list[int]:
         """The state of a new, empty sequence."""
         return []
 
-    def extend(self, tokens: Sequence[int], state: list[_Node]) -> list[_Node]:
+    def extend(self, tokens: Sequence[int], state: list[int]) -> list[int]:
         """Append `tokens` to the sequence whose open suffixes are `state`; returns its new state."""
+        children, count, total, keep = self._children, self._count, self._total, self.max_depth - 1
         for token in tokens:
             nxt = []
             # each open suffix (and the empty one, the root) grows by `token`; one at the depth bound closes
-            for node in [self.root] + state:
-                child = node.children.get(token)
+            for node in [self.ROOT, *state]:
+                kids = children[node]
+                child = kids.get(token)
                 if child is None:
-                    child = node.children[token] = _Node()
-                    self.num_nodes += 1
-                child.count += 1
-                node.total += 1
+                    child = kids[token] = len(count)
+                    children.append({})
+                    count.append(0)
+                    total.append(0)
+                count[child] += 1
+                total[node] += 1
                 nxt.append(child)
-            state = nxt[:self.max_depth - 1]  # nxt[i] has depth i + 1
+            state = nxt[:keep]  # nxt[i] has depth i + 1
         return state
 
-    def _past_bound(self, path: Sequence[int], node: _Node) -> _Node:
+    def stats(self, path: Sequence[int]) -> tuple[int, int, dict[int, int]] | None:
+        """(count, total, {next token: its count}) of the substring `path`; None if it never occurs."""
+        node = self._node(path)
+        if node is None:
+            return None
+        return self._count[node], self._total[node], {t: self._count[c] for t, c in self._children[node].items()}
+
+    def _past_bound(self, path: Sequence[int], node: int) -> int:
         """Where `path` (ending at `node`) continues: `node`, unless the depth bound rather than the data
         ended it, then the node of its longest suffix that fits (re-anchored)."""
-        if node.total or len(path) < self.max_depth:
+        if self._total[node] or len(path) < self.max_depth:
             return node
         found = self._node(path[len(path) - self.max_depth + 1:])
         return found if found is not None else node
 
-    def _node(self, tokens: Sequence[int]) -> _Node | None:
-        node = self.root
+    def _node(self, tokens: Sequence[int]) -> int | None:
+        node, children = self.ROOT, self._children
         for token in tokens:
-            node = node.children.get(token)
+            node = children[node].get(token)
             if node is None:
                 return None
         return node
@@ -107,20 +120,21 @@ class SuffixTrie:
             if node is None:
                 return  # no longer suffix occurs either
             limit = max_len(k)
-            if limit > 0 and node.total:
+            if limit > 0 and self._total[node]:
                 yield self._follow(list(context[len(context) - k:]), node, k, limit, min_probability)
 
-    def _follow(self, path: list[int], node: _Node, match_len: int, limit: int,
+    def _follow(self, path: list[int], node: int, match_len: int, limit: int,
                 min_probability: float) -> Candidate:
+        count, total = self._count, self._total
         draft: list[int] = []
-        support = node.total
+        support = total[node]
         prob, score = 1.0, 0.0
         while len(draft) < limit:
             node = self._past_bound(path, node)
-            if not node.total:
+            if not total[node]:
                 break
-            token, child = min(node.children.items(), key=lambda kv: (-kv[1].count, kv[0]))
-            p = prob * child.count / node.total
+            token, child = min(self._children[node].items(), key=lambda kv: (-count[kv[1]], kv[0]))
+            p = prob * count[child] / total[node]
             if p < min_probability:
                 break
             prob = p
@@ -132,6 +146,7 @@ class SuffixTrie:
 
     def tree(self, context: Sequence[int], min_match: int, min_probability: float, max_depth: int,
              budget: int) -> dict[tuple[int, ...], float]:
+        count, total = self._count, self._total
         found: dict[tuple[int, ...], float] = {}
         longest = min(len(context), self.max_depth - 1)
         for k in range(min_match, longest + 1):
@@ -140,7 +155,7 @@ class SuffixTrie:
                 break  # no longer suffix occurs either
             matched = tuple(context[len(context) - k:])
             # best first: (-probability, draft); ties go to the smaller draft, so the order is deterministic
-            heap: list[tuple[float, tuple[int, ...], _Node]] = [(-1.0, (), node)]
+            heap: list[tuple[float, tuple[int, ...], int]] = [(-1.0, (), node)]
             taken = 0
             while heap and taken < budget:
                 neg, draft, at = heapq.heappop(heap)
@@ -150,8 +165,8 @@ class SuffixTrie:
                 if len(draft) >= max_depth:
                     continue
                 at = self._past_bound(matched + draft, at)
-                for token, child in at.children.items():
-                    p = -neg * (child.count / at.total)  # a certain token keeps p exactly
+                for token, child in self._children[at].items():
+                    p = -neg * (count[child] / total[at])  # a certain token keeps p exactly
                     if p >= min_probability:
                         heapq.heappush(heap, (-p, draft + (token,), child))
         return found
