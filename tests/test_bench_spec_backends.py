@@ -64,3 +64,19 @@ def test_both_backends_side_by_side_with_vllms_own_ngram(tmp_path):
         assert r["identical"] == 1.0 and r["speedup"] > 0, r  # greedy: every backend and method is lossless
         if r["drafter"] == "ngram":  # HistoSpec's drafts, from the history of the same greedy responses
             assert r["accepted_per_verify"] > 0, r
+
+
+def test_turns_alternate_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, capsys):
+    from rlboost.bench.spec import _turns
+    calls = []
+
+    def turn(name, seconds):
+        return lambda: calls.append(name) or (seconds, [[len(calls)]])
+    base, spec = _turns(3, turn("plain", 2.0), turn("spec", 1.0))
+    assert calls == ["plain", "spec"] * 3  # side by side: a slow spell of the machine hits both
+    assert base == (6.0, [[1], [3], [5]]) and spec == (3.0, [[2], [4], [6]])
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "spec", *TINY, "--turns", "0"]) == 2
+    assert capsys.readouterr().out == "error: --turns must be >= 1, got 0\n"
+    rows = bench(tmp_path, monkeypatch, "--turns", "2")
+    assert len(rows) == 2 and all(r["identical"] == 1.0 for r in rows)

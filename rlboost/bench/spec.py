@@ -7,9 +7,9 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
 (b) `after_training`: after `train_steps` real GRPO steps on those prompts, the history unchanged
     (the previous epoch's responses, as in training).
 Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches over the first
-`batch` prompts together. tokens/s counts generated tokens over wall time (prefill included, the
-same for both). `accepted_per_verify` is the mean accepted draft tokens per request per verification;
-`spec_step_fraction` the share of decode steps that verified drafts (the budget turns speculation
+`batch` prompts together; each `turns` times, plain and speculating in turn. tokens/s counts generated
+tokens over wall time (prefill included, the same for both). `accepted_per_verify` is the mean
+accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that verified drafts (the budget turns speculation
 off where it measures it slower); `identical` the share of responses equal to the plain ones.
 Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`; `suffix_tree`
 on rlboost's engine only: vLLM verifies single paths), with `min_order` and `suffix_tree_tokens`.
@@ -62,6 +62,9 @@ class SpecBenchConfig:
     """Responses per prompt in the history rollout."""
     batch1_requests: int = 4
     """Prompts measured one at a time for batch 1."""
+    turns: int = 1
+    """Plain and speculating turns per row, alternating (each speculating turn with a fresh drafter on the
+    same history); a row's speed is over all of them, so a pause in one turn weighs 1/turns."""
     train_steps: int = 3
     """GRPO steps between the history and the `after_training` rollouts."""
     lr: float = 2e-5
@@ -116,8 +119,8 @@ class SpecBenchConfig:
             if name not in DRAFTERS:
                 raise ValueError(f"--drafters: unknown {name!r}; valid: {', '.join(DRAFTERS)}")
         for flag, value, least in (("instances", self.instances, 1), ("stream-interval", self.stream_interval, 1),
-                                   ("min-order", self.min_order, 1), ("suffix-tree-tokens", self.suffix_tree_tokens, 1),
-                                   ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
+                                   ("min-order", self.min_order, 1), ("turns", self.turns, 1),
+                                   ("suffix-tree-tokens", self.suffix_tree_tokens, 1), ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
             if value < least:
                 raise ValueError(f"--{flag} must be >= {least}, got {value}")
         if self.min_order >= DraftConfig.suffix_max_depth:
@@ -201,10 +204,12 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
         for drafter, (backend, (plain, spec)) in itertools.product(cfg.drafters, pairs.items()):
             if backend == "vllm" and drafter == "suffix_tree":
                 continue  # vLLM verifies paths only (the config refuses this pair)
-            spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
-            base = _timed(plain, waves, params)
             spec.spec_stats = SpecStats()
-            timed = _timed(spec, waves, params)
+
+            def speculating(spec=spec, drafter=drafter):  # each turn drafts afresh from the same history
+                spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
+                return _timed(spec, waves, params)
+            base, timed = _turns(cfg.turns, lambda: _timed(plain, waves, params), speculating)
             stats = spec.spec_stats
             out.append(where | {"backend": backend, "drafter": drafter} | _compared(base, timed) | {
                 "accepted_per_verify": stats.accepted / stats.verifications if stats.verifications else 0.0,
@@ -213,13 +218,22 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 # time of the verify steps over what plain steps would have taken for their tokens: > 1, they lost
                 "verify_cost": stats.verify_s / stats.plain_equivalent_s if stats.plain_equivalent_s else None})
         for method, engine in (vllm.methods.items() if vllm else ()):
-            base = _timed(vllm.plain, waves, params)
             before = dataclasses.replace(engine.vllm_spec)
-            timed = _timed(engine, waves, params)
+            base, timed = _turns(cfg.turns, lambda: _timed(vllm.plain, waves, params),
+                                 lambda engine=engine: _timed(engine, waves, params))
             drafts, accepted = engine.vllm_spec.drafts - before.drafts, engine.vllm_spec.accepted - before.accepted
             out.append(where | {"backend": "vllm", "drafter": f"vllm:{method}"} | _compared(base, timed) | {
                 "accepted_per_verify": accepted / drafts if drafts else 0.0, "spec_step_fraction": None})
     return out
+
+
+def _turns(turns: int, plain, speculating) -> tuple[tuple[float, list[list[int]]], tuple[float, list[list[int]]]]:
+    """`turns` alternating calls of each; their (seconds, responses) summed and concatenated."""
+    runs: tuple[list, list] = ([], [])
+    for _ in range(turns):
+        for run, measure in zip(runs, (plain, speculating)):
+            run.append(measure())
+    return tuple((sum(s for s, _ in run), [out for _, outs in run for out in outs]) for run in runs)
 
 
 def _compared(base: tuple[float, list[list[int]]], spec: tuple[float, list[list[int]]]) -> dict:
