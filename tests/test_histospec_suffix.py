@@ -339,3 +339,8 @@ def test_a_trie_adds_nothing_for_the_garbage_collector_to_traverse():
         state = trie.extend([i % 97, i % 13, i % 7], state)
     assert trie.num_nodes > 10_000
     assert len(gc.get_objects()) - before < 20
+    # the n-gram drafter's index likewise (its k-gram tuples the first collection untracks)
+    from rlboost.histospec.drafter import SuffixIndex
+    index = SuffixIndex([[i % 97 for i in range(j, j + 400)] for j in range(25)], 1, 6)
+    gc.collect()
+    assert index.next_tokens([3, 4]) is not None and len(gc.get_objects()) - before < 40

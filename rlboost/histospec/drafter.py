@@ -96,7 +96,9 @@ class DraftConfig:
 
 
 class SuffixIndex:
-    """n-gram index over one prompt's history responses (k-gram -> Counter of the next token)."""
+    """n-gram index over one prompt's history responses (k-gram -> counts of the next token). Plain dicts
+    of ints, which the garbage collector does not track (a Counter per k-gram it would walk in every full
+    collection; SuffixTrie says what that cost)."""
 
     def __init__(self, responses: Sequence[Sequence[int]], min_order: int, max_order: int,
                  *, prefix: Sequence[int] = ()):
@@ -105,13 +107,14 @@ class SuffixIndex:
         if not 1 <= min_order <= max_order:
             raise ValueError("need 1 <= min_order <= max_order")
         self.min_order, self.max_order = min_order, max_order
-        self._next: dict[tuple[int, ...], Counter[int]] = {}
+        self._next: dict[tuple[int, ...], dict[int, int]] = {}
         tail = list(prefix)[-max_order:]
         for response in responses:
             seq = tail + list(response)
             for i in range(len(tail), len(seq)):
                 for k in range(min_order, min(max_order, i) + 1):
-                    self._next.setdefault(tuple(seq[i - k:i]), Counter())[seq[i]] += 1
+                    counts = self._next.setdefault(tuple(seq[i - k:i]), {})
+                    counts[seq[i]] = counts.get(seq[i], 0) + 1
 
     def next_tokens(self, context: Sequence[int]) -> tuple[Counter[int], int] | None:
         """Counts of the token after the longest occurring suffix of `context`, and its order."""
@@ -133,7 +136,7 @@ class SuffixIndex:
             ctx = (ctx + [token])[-self.max_order:]
         return out
 
-    def _lookup(self, context: Sequence[int]) -> tuple[Counter[int], int] | None:
+    def _lookup(self, context: Sequence[int]) -> tuple[dict[int, int], int] | None:
         for k in range(min(self.max_order, len(context)), self.min_order - 1, -1):
             counts = self._next.get(tuple(context[len(context) - k:]))
             if counts is not None:
