@@ -108,6 +108,38 @@ def test_greedy_histospec_changes_no_token_and_its_drafts_are_accepted(engine, h
     assert 0 < stats.accepted < stats.drafted, stats
 
 
+def test_only_steps_with_drafts_go_through_vllms_rejection_sampler(engine, hf):
+    """vLLM's speculative path sends every step through its rejection sampler, drafts or not, at 14-15%
+    of a step on vLLM-CPU; the adapter samples a step without drafts plainly (the same tokens)."""
+    verified = []
+
+    def spy(worker):
+        sampler = worker.model_runner.rejection_sampler
+        forward = sampler.forward
+        sampler.forward = lambda *args, **kwargs: (verified.append(1), forward(*args, **kwargs))[1]
+        return forward
+
+    def unspy(worker):
+        del worker.model_runner.rejection_sampler.forward  # the class's own again
+        return True
+
+    prompts = random_prompts([7, 12], seed=3)
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    engine._engine.collective_rpc(spy)
+    try:
+        nothing, stats = run(engine, prompts, params, make_drafter(HistoryStore(), DraftConfig()))
+        assert [tokens for tokens, _ in nothing] == [hf_greedy(hf, p, 16) for p in prompts]
+        assert stats.verifications == 0 and verified == [], "a step without drafts ran the rejection sampler"
+        store = HistoryStore()
+        for prompt, (tokens, _) in zip(prompts, nothing):
+            store.update(prompt, [tokens])
+        drafted, stats = run(engine, prompts, params, make_drafter(store, DraftConfig()))
+        assert [tokens for tokens, _ in drafted] == [tokens for tokens, _ in nothing]
+        assert stats.verifications > 0 and len(verified) > 0
+    finally:
+        engine._engine.collective_rpc(unspy)
+
+
 class ArgmaxDrafter:
     """Drafts one token, the target's likeliest (from the HF model), for each request's second
     position only: the draft a sampled request accepts most often, so the acceptance count tests the

@@ -9,7 +9,8 @@ Contract:
 - vLLM builds `HookProposer(vllm_config)` in its model runner, in the engine's process (the adapter
   runs vLLM's engine core in-process). `bind_proposer(worker, relay)` (run through vLLM's
   `collective_rpc`) hands it the runner, whose input batch says which request each row is, and the
-  `DraftRelay` of the engine.
+  `DraftRelay` of the engine; a step with no draft in it then samples as plain vLLM does (vLLM would
+  send it through its rejection sampler all the same).
 - After every engine step vLLM 0.32 calls `propose(sampled_token_ids, num_tokens_no_spec,
   token_ids_cpu, slot_mappings=None)`: per row i of the runner's input batch (request
   `input_batch.req_ids[i]`), the tokens the step emitted for it (none: a prefill chunk, or a row
@@ -145,7 +146,22 @@ def bind_proposer(worker, relay: DraftRelay) -> bool:
     if not isinstance(proposer, HookProposer):
         return False
     proposer.runner, proposer.relay = runner, relay
+    _sample_plainly_without_drafts(runner)
     return True
+
+
+def _sample_plainly_without_drafts(runner) -> None:
+    """A step in which no request has a draft samples as plain vLLM does. vLLM's speculative path sends
+    every step through its rejection sampler, drafts or not (0.32), which on vLLM-CPU cost 14-15% of a
+    step where nothing was drafted (docs/histospec.md, "On the vLLM backend"); without drafts its
+    output is the bonus token, which the plain sampler draws from the same logits."""
+    sample = runner._sample
+
+    def _sample(logits, spec_decode_metadata):
+        if spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0:
+            spec_decode_metadata = None
+        return sample(logits, spec_decode_metadata)
+    runner._sample = _sample
 
 
 @dataclass
