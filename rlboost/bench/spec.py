@@ -174,6 +174,8 @@ def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
             store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
 
     try:
+        for engine in _engines(pairs, vllm):  # vLLM's first steps run several times slower: not in any turn
+            _generate(engine, prompts[:1], [SamplingParams(temperature=0, max_tokens=8)])
         results = [_measure(cfg, "same_weights", pairs, vllm, prompts, stores)]
         if cfg.train_steps:
             for grpo in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,
