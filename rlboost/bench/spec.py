@@ -8,9 +8,11 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
     (the previous epoch's responses, as in training).
 Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches over the first
 `batch` prompts together; each `turns` times, plain and speculating in turn. tokens/s counts generated
-tokens over wall time (prefill included, the same for both). `accepted_per_verify` is the mean
-accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that verified drafts (the budget turns speculation
-off where it measures it slower); `identical` the share of responses equal to the plain ones.
+tokens over wall time (prefill included, the same for both); every engine generates a few tokens
+before the first turn (vLLM's first steps are several times slower). `accepted_per_verify` is the mean
+accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that
+verified drafts (the budget turns speculation off where it measures it slower); `identical` the share
+of responses equal to the plain ones.
 Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`; `suffix_tree`
 on rlboost's engine only: vLLM verifies single paths), with `min_order` and `suffix_tree_tokens`.
 
@@ -30,6 +32,7 @@ import dataclasses
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -121,7 +124,8 @@ class SpecBenchConfig:
                 raise ValueError(f"--drafters: unknown {name!r}; valid: {', '.join(DRAFTERS)}")
         for flag, value, least in (("instances", self.instances, 1), ("stream-interval", self.stream_interval, 1),
                                    ("min-order", self.min_order, 1), ("turns", self.turns, 1),
-                                   ("suffix-tree-tokens", self.suffix_tree_tokens, 1), ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
+                                   ("suffix-tree-tokens", self.suffix_tree_tokens, 1),
+                                   ("sibling-tokens-per-step", self.sibling_tokens_per_step, 0)):
             if value < least:
                 raise ValueError(f"--{flag} must be >= {least}, got {value}")
         if self.min_order >= DraftConfig.suffix_max_depth:
@@ -232,8 +236,12 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
     return out
 
 
-def _turns(turns: int, plain, speculating) -> tuple[tuple[float, list[list[int]]], tuple[float, list[list[int]]]]:
-    """`turns` alternating calls of each; their (seconds, responses) summed and concatenated."""
+Timed = tuple[float, list[list[int]]]
+"""(seconds, responses) of a rollout, or of several summed and concatenated."""
+
+
+def _turns(turns: int, plain: Callable[[], Timed], speculating: Callable[[], Timed]) -> tuple[Timed, Timed]:
+    """`turns` alternating calls of each, each one's summed."""
     runs: tuple[list, list] = ([], [])
     for _ in range(turns):
         for run, measure in zip(runs, (plain, speculating)):
@@ -241,7 +249,7 @@ def _turns(turns: int, plain, speculating) -> tuple[tuple[float, list[list[int]]
     return tuple((sum(s for s, _ in run), [out for _, outs in run for out in outs]) for run in runs)
 
 
-def _compared(base: tuple[float, list[list[int]]], spec: tuple[float, list[list[int]]]) -> dict:
+def _compared(base: Timed, spec: Timed) -> dict:
     """Speed and identity of a speculating run against the plain one, from (seconds, responses)."""
     (base_s, base_out), (spec_s, spec_out) = base, spec
     base_rate, spec_rate = sum(map(len, base_out)) / base_s, sum(map(len, spec_out)) / spec_s
@@ -249,7 +257,7 @@ def _compared(base: tuple[float, list[list[int]]], spec: tuple[float, list[list[
             "identical": sum(a == b for a, b in zip(base_out, spec_out)) / len(base_out)}
 
 
-def _timed(engine: EngineBackend, waves, params: SamplingParams) -> tuple[float, list[list[int]]]:
+def _timed(engine: EngineBackend, waves, params: SamplingParams) -> Timed:
     outs = []
     t0 = time.perf_counter()
     for wave in waves:
