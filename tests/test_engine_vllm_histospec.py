@@ -121,7 +121,7 @@ def test_only_steps_with_drafts_go_through_vllms_rejection_sampler(engine, hf):
         sampler = worker.model_runner.rejection_sampler
         forward = sampler.forward
         sampler.forward = lambda *args, **kwargs: (verified.append(1), forward(*args, **kwargs))[1]
-        return forward
+        return True
 
     def unspy(worker):
         del worker.model_runner.rejection_sampler.forward  # the class's own again
