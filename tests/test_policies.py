@@ -334,11 +334,11 @@ def test_spec_budget_stops_where_speculation_is_slower_and_retries_later():
 
 
 def _budget_with_costs(batch: int, plain_s: float, intercept_s: float, per_position_s: float,
-                       acceptance: list[float], probe_every: int = 100) -> SpecBudget:
+                       acceptance: list[float], probe_every: int = 100, ragged: bool = False) -> SpecBudget:
     """A budget that measured plain steps of `batch` at `plain_s`, verify steps costing `intercept_s`
     plus `per_position_s` per extra position beyond them, and node i of a draft accepted at
     `acceptance[i]` (100 drafts of len(acceptance) nodes)."""
-    budget = SpecBudget(max_batch=8, probe_every=probe_every)
+    budget = SpecBudget(max_batch=8, probe_every=probe_every, ragged=ragged)
     budget.observe(batch, plain_s, batch, speculative=False)
     for width in (2, 5, 9):
         extra = batch * (width - 1)
@@ -363,6 +363,20 @@ def test_spec_budget_verifies_the_nodes_that_pay_for_their_positions():
     # a fixed cost of verifying (drafting, the tree's masks) that no acceptance covers: the step runs plain
     costly = _budget_with_costs(1, plain_s=0.03, intercept_s=0.2, per_position_s=0.0005, acceptance=acceptance)
     assert costly.nodes(1, [8]) == 0
+
+
+def test_a_ragged_budget_charges_a_node_only_to_the_drafts_that_have_it():
+    """vLLM verifies each draft's own tokens: one request's second node costs one position, not a
+    column of the whole batch, so it pays where a padded engine's would not."""
+    acceptance = [0.9, 0.6, 0.2, 0.2, 0.1, 0.1, 0.1, 0.1]
+    costs = dict(plain_s=0.08, intercept_s=0.0, per_position_s=0.0025, acceptance=acceptance)
+    padded, ragged = _budget_with_costs(8, **costs), _budget_with_costs(8, ragged=True, **costs)
+    one_long = [8] + [1] * 7
+    assert padded.nodes(8, one_long) == 1 and ragged.nodes(8, one_long) == 2
+    assert ragged.nodes(8, [8] * 8) == 2  # node 3 (20% x 10 ms < 2.5 ms) pays for no draft
+    again = ragged.fresh()
+    assert again.ragged and again.max_batch == 8 and again.probe_every == 100
+    assert again.plain_step_s(8) is None and again.nodes(8, [8] * 8) == 8  # measured nothing: whole drafts
 
 
 def test_spec_budget_verifies_whole_drafts_until_measured_and_on_its_probes():

@@ -47,7 +47,6 @@ from rlboost.bench.spec_replay import record_histories, render_replay, replay_re
 from rlboost.histospec import DraftConfig, HistoryStore, make_drafter
 from rlboost.histospec.drafter import DRAFTERS
 from rlboost.models import ModelConfig, load_model
-from rlboost.policies.spec_budget import SpecBudget
 
 
 @dataclass
@@ -182,7 +181,7 @@ def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
         for engine in _engines(pairs, vllm):  # vLLM's first steps run several times slower: not in any turn
             _generate(engine, prompts[:1], [SamplingParams(temperature=0, max_tokens=8)])
         for _, spec in pairs.values():  # nor in what the budget measured
-            spec.spec_budget = SpecBudget(engine_cfg.spec_max_batch)
+            spec.spec_budget = spec.spec_budget.fresh()
         results = [_measure(cfg, "same_weights", pairs, vllm, prompts, stores)]
         if cfg.train_steps:
             for grpo in grpo_steps(loaded, plain, rows, prompts, lr=cfg.lr, steps=cfg.train_steps,

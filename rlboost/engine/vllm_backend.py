@@ -160,7 +160,7 @@ class VllmEngine:
         """What vLLM verified since the engine started, whichever proposer drafted."""
         self._engine = LLMEngine.from_engine_args(args, stat_loggers=[spec_counter(self.vllm_spec)])
         self.draft_tokens = draft_tokens
-        self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch), SpecStats())
+        self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch, ragged=True), SpecStats())
         if draft_tokens > 0:
             if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
                 raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
@@ -299,7 +299,7 @@ class VllmEngine:
     def _observe_decode(self, batch: int, seconds: float, tokens: int) -> None:
         """Time a decode step for the budget (whether it verified drafts, the proposer said after it)."""
         speculative, budget = self._relay.verified_last_step, self._relay.budget
-        budget.observe(batch, seconds, tokens, speculative)
+        budget.observe(batch, seconds, tokens, speculative, self._relay.extra_positions)
         self.spec_stats.decode_step(batch, seconds, tokens, speculative, budget.plain_step_s(batch))
 
     # ---- weights and memory ----------------------------------------------------------------------

