@@ -71,9 +71,10 @@ def test_turns_alternate_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, ca
     calls = []
 
     def turn(name, seconds):
-        return lambda: calls.append(name) or (seconds, [[len(calls)]])
+        return lambda index: calls.append((name, index)) or (seconds, [[len(calls)]])
     base, spec = _turns(3, turn("plain", 2.0), turn("spec", 1.0))
-    assert calls == ["plain", "spec"] * 3  # side by side: a slow spell of the machine hits both
+    # side by side (a slow spell of the machine hits both), each pair on its own seeds (the turn's index)
+    assert calls == [(name, index) for index in range(3) for name in ("plain", "spec")]
     assert base == (6.0, [[1], [3], [5]]) and spec == (3.0, [[2], [4], [6]])
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "spec", *TINY, "--turns", "0"]) == 2

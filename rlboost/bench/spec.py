@@ -67,7 +67,9 @@ class SpecBenchConfig:
     """Prompts measured one at a time for batch 1."""
     turns: int = 1
     """Plain and speculating turns per row, alternating (each speculating turn with a fresh drafter on the
-    same history); a row's speed is over all of them, so a pause in one turn weighs 1/turns."""
+    same history; each pair of turns with seeds of its own); a row's speed is over all of them, so a
+    pause in one turn weighs 1/turns, and on vLLM, whose sampled speculating responses are other samples
+    than the plain ones, so does one turn's luck in their lengths (a wave lasts as long as its longest)."""
     train_steps: int = 3
     """GRPO steps between the history and the `after_training` rollouts."""
     lr: float = 2e-5
@@ -214,10 +216,10 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 continue  # vLLM verifies paths only (the config refuses this pair)
             spec.spec_stats = SpecStats()
 
-            def speculating(spec=spec, drafter=drafter):  # each turn drafts afresh from the same history
+            def speculating(turn, spec=spec, drafter=drafter):  # each turn drafts afresh from the same history
                 spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
-                return _timed(spec, waves, params)
-            base, timed = _turns(cfg.turns, lambda: _timed(plain, waves, params), speculating)
+                return _timed(spec, waves, params, turn)
+            base, timed = _turns(cfg.turns, lambda turn: _timed(plain, waves, params, turn), speculating)
             stats = spec.spec_stats
             out.append(where | {"backend": backend, "drafter": drafter} | _compared(base, timed) | {
                 "accepted_per_verify": stats.accepted / stats.verifications if stats.verifications else 0.0,
@@ -227,8 +229,8 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 "verify_cost": stats.verify_s / stats.plain_equivalent_s if stats.plain_equivalent_s else None})
         for method, engine in (vllm.methods.items() if vllm else ()):
             before = dataclasses.replace(engine.vllm_spec)
-            base, timed = _turns(cfg.turns, lambda: _timed(vllm.plain, waves, params),
-                                 lambda engine=engine: _timed(engine, waves, params))
+            base, timed = _turns(cfg.turns, lambda turn: _timed(vllm.plain, waves, params, turn),
+                                 lambda turn, engine=engine: _timed(engine, waves, params, turn))
             drafts, accepted = engine.vllm_spec.drafts - before.drafts, engine.vllm_spec.accepted - before.accepted
             out.append(where | {"backend": "vllm", "drafter": f"vllm:{method}"} | _compared(base, timed) | {
                 "accepted_per_verify": accepted / drafts if drafts else 0.0, "spec_step_fraction": None})
@@ -239,12 +241,12 @@ Timed = tuple[float, list[list[int]]]
 """(seconds, responses) of a rollout, or of several summed and concatenated."""
 
 
-def _turns(turns: int, plain: Callable[[], Timed], speculating: Callable[[], Timed]) -> tuple[Timed, Timed]:
-    """`turns` alternating calls of each, each one's summed."""
+def _turns(turns: int, plain: Callable[[int], Timed], speculating: Callable[[int], Timed]) -> tuple[Timed, Timed]:
+    """`turns` alternating calls of each with the turn's index, each one's summed."""
     runs: tuple[list, list] = ([], [])
-    for _ in range(turns):
+    for turn in range(turns):
         for run, measure in zip(runs, (plain, speculating)):
-            run.append(measure())
+            run.append(measure(turn))
     return tuple((sum(s for s, _ in run), [out for _, outs in run for out in outs]) for run in runs)
 
 
@@ -256,11 +258,13 @@ def _compared(base: Timed, spec: Timed) -> dict:
             "identical": sum(a == b for a, b in zip(base_out, spec_out)) / len(base_out)}
 
 
-def _timed(engine: EngineBackend, waves, params: SamplingParams) -> Timed:
+def _timed(engine: EngineBackend, waves, params: SamplingParams, turn: int = 0) -> Timed:
+    """The waves rolled out one after the other, request i of a wave seeded by `params.seed`, `turn` and i."""
     outs = []
     t0 = time.perf_counter()
     for wave in waves:
-        outs += _generate(engine, wave, [dataclasses.replace(params, seed=params.seed * 7 + i) for i in range(len(wave))])
+        outs += _generate(engine, wave, [dataclasses.replace(params, seed=params.seed * 7 + 100_003 * turn + i)
+                                         for i in range(len(wave))])
     return time.perf_counter() - t0, outs
 
 
