@@ -66,6 +66,30 @@ def test_both_backends_side_by_side_with_vllms_own_ngram(tmp_path):
             assert r["accepted_per_verify"] > 0, r
 
 
+def test_each_turn_draws_seeds_of_its_own_the_same_for_both_engines():
+    """A turn repeating the last one's seeds would repeat its sample: on vLLM, whose speculating samples
+    differ from the plain ones, a row would set one sample's lengths against another's every turn."""
+    from rlboost.bench.spec import _timed
+    from rlboost.engine import SamplingParams
+
+    class SeedRecorder:  # an engine that only records the seeds it is given
+        def __init__(self):
+            self.seeds = []
+
+        def add(self, request_id, prompt, params):
+            self.seeds.append(params.seed)
+
+        def has_unfinished(self):
+            return False
+
+    def seeds(turn):
+        engine = SeedRecorder()
+        _timed(engine, [[[1, 2], [3, 4]], [[5, 6]]], SamplingParams(temperature=0.6, seed=11), turn)
+        return engine.seeds
+    assert len(set(seeds(0))) == 2 and seeds(0) == seeds(0)  # a wave's requests differ; a turn repeats
+    assert not set(seeds(0)) & set(seeds(1)) and not set(seeds(1)) & set(seeds(2))
+
+
 def test_turns_alternate_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, capsys):
     from rlboost.bench.spec import _turns
     calls = []

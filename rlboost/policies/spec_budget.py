@@ -22,10 +22,10 @@ where nothing pays (the step is then plain), few where positions are dear (a lar
 all where they are nearly free (a memory-bound GPU step). Every `4 * probe_every`-th speculating
 step verifies whole drafts, so the acceptance of nodes it cut stays measured. An engine that pads
 its verify batch to the widest draft (rlboost's) pays node i's position for every request of the
-step; one that verifies ragged drafts (vLLM: `ragged=True`) only for the drafts that have a node i. Once an engine reports
-these costs, whether a step drafts at all follows the same sum over the drafts steps have typically
-had (the share of requests with an i-th node), not the per-token time of past verify steps, which
-whole drafts verified before any cut was possible would set.
+step; one that verifies ragged drafts (vLLM: `ragged=True`) only for the drafts that have a node i.
+Once an engine reports these costs, whether a step drafts at all follows the same sum over the
+drafts steps have typically had (the share of requests with an i-th node), not the per-token time
+of past verify steps, which whole drafts verified before any cut was possible would set.
 Pure: the engine passes the times in.
 """
 

@@ -66,7 +66,8 @@ for turn in range(turns):
     print(f"turn {turn}: plain {plain_s:.2f} s, speculating {spec_s:.2f} s "
           f"(speed-up {plain_s / spec_s * sum(map(len, spec_out)) / sum(map(len, plain_out)):.3f}); "
           f"forward steps {spent['plain forward#']} plain, {spent['forward#']} speculating of which "
-          f"{spent['verify#']} verified: {spent['verify']:.2f} s where plain steps take {spent['verify#'] * plain_step:.2f} s; "
+          f"{spent['verify#']} verified: {spent['verify']:.2f} s where plain steps take "
+          f"{spent['verify#'] * plain_step:.2f} s; "
           f"drafting {spent['drafting']:.3f} s ({spent['drafting#']} steps; propose {spent['propose']:.3f} s "
           f"over {spent['propose#']} calls, start {spent['start']:.3f} s, feedback {spent['feedback']:.3f} s, "
           f"finish {spent['finish']:.3f} s); accepted per verify {stats.accepted / max(1, stats.verifications):.2f}",
