@@ -69,10 +69,14 @@ class DraftRelay:
         self._vllm_id: dict[str, str] = {}
         self._proposed: dict[str, list[int]] = {}
         """The drafts of the last call, by vLLM id: what the coming step verifies."""
-        self.verified_last_step = False
-        """Whether the step that ended last verified any draft (what the budget times)."""
         self.extra_positions = 0
-        """The draft tokens it verified: the positions it computed beyond one per request."""
+        """The draft tokens the step that ended last verified: the positions it computed beyond one
+        per request."""
+
+    @property
+    def verified_last_step(self) -> bool:
+        """Whether the step that ended last verified any draft (what the budget times)."""
+        return self.extra_positions > 0
 
     def add(self, request_id: str, vllm_id: str, prompt: Sequence[int], max_tokens: int, prompt_len: int) -> None:
         """A request admitted under `vllm_id`, `prompt_len` of its `prompt` the original prompt."""
@@ -93,14 +97,13 @@ class DraftRelay:
         """Per row: its request's vLLM id, how many tokens the last step emitted for it and the draft
         it verified for it; `context_of(row)` is the request's prompt + output. Returns each row's draft."""
         proposed, self._proposed = self._proposed, {}
-        self.verified_last_step, self.extra_positions = False, 0
+        self.extra_positions = 0
         for vllm_id, made, checked in zip(vllm_ids, emitted, verified):
             held = self._held.get(vllm_id)
             # only our own drafts count (vLLM schedules zeros where it skipped the proposer)
             if held is None or not checked or not made or list(checked) != proposed.get(vllm_id, [])[:len(checked)]:
                 continue
             accepted = made - 1
-            self.verified_last_step = True
             self.extra_positions += len(checked)
             self.stats.record(len(checked), accepted)
             self.budget.verified(len(checked), range(accepted))
