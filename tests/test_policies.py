@@ -376,12 +376,16 @@ def test_a_ragged_budget_charges_a_node_only_to_the_drafts_that_have_it():
     assert ragged.nodes(8, [8] * 8) == 2  # node 3 (20% x 10 ms < 2.5 ms) pays for no draft
     again = ragged.fresh()
     assert again.ragged and again.max_batch == 8 and again.probe_every == 100
-    assert again.plain_step_s(8) is None and again.nodes(8, [8] * 8) == 8  # measured nothing: whole drafts
+    assert again.plain_step_s(8) is None and again.nodes(8, [8] * 8) == 4  # measured nothing: 32 positions
 
 
 def test_spec_budget_verifies_whole_drafts_until_measured_and_on_its_probes():
-    budget = SpecBudget(max_batch=8, probe_every=2)
+    """Until a verify step was timed, whole drafts where the batch is small; at a large one only as
+    many nodes as keep the step within 32 positions beyond the plain step's (whole drafts of 8 at
+    batch 32 cost several plain steps on a CPU)."""
+    budget = SpecBudget(max_batch=32, probe_every=2)
     assert budget.nodes(4, [3, 5]) == 5  # no plain step, no verify cost measured yet
+    assert budget.nodes(1, [8]) == 8 and budget.nodes(16, [8] * 16) == 2 and budget.nodes(32, [8] * 32) == 1
     budget = _budget_with_costs(8, plain_s=0.08, intercept_s=0.0, per_position_s=0.0025,
                                 acceptance=[0.9, 0.1, 0.1, 0.1], probe_every=2)
     decisions = [budget.nodes(8, [4] * 8) for _ in range(16)]

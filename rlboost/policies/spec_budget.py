@@ -20,7 +20,9 @@ nodes of every tree are expected to add the sum of those probabilities in tokens
 plain token's time. The budget keeps the n with the largest expected saving net of their cost: none
 where nothing pays (the step is then plain), few where positions are dear (a large batch on a CPU),
 all where they are nearly free (a memory-bound GPU step). Every `4 * probe_every`-th speculating
-step verifies whole drafts, so the acceptance of nodes it cut stays measured. An engine that pads
+step verifies whole drafts, so the acceptance of nodes it cut stays measured; before any verify step
+was timed, whole drafts only where they add at most `FIRST_POSITIONS` positions (one node of a
+large batch: whole drafts there cost several plain steps on a CPU). An engine that pads
 its verify batch to the widest draft (rlboost's) pays node i's position for every request of the
 step; one that verifies ragged drafts (vLLM: `ragged=True`) only for the drafts that have a node i.
 Once an engine reports these costs, whether a step drafts at all follows the same sum over the
@@ -37,6 +39,11 @@ from collections.abc import Sequence
 
 NODE_MEMORY = 2000
 """Verified drafts after which the node acceptance counts are halved (the policy changes as it trains)."""
+
+
+FIRST_POSITIONS = 32
+"""Draft positions per request times the batch that a verify step may add before any was timed: whole
+drafts at small batches, one node at a large one (where whole drafts would cost several plain steps)."""
 
 
 class LineFit:
@@ -113,7 +120,8 @@ class SpecBudget:
     def nodes(self, batch: int, sizes: Sequence[int]) -> int:
         """How many nodes of each of the step's drafts (their sizes `sizes`, one per request that has
         one) to verify: the first n of every tree, n chosen for the largest expected saving (0: run the
-        step plain). Whole drafts until the cost is measured, and on every `4 * probe_every`-th call."""
+        step plain). Until the cost is measured, whole drafts up to `FIRST_POSITIONS` positions; whole
+        drafts on every `4 * probe_every`-th call."""
         largest = max(sizes, default=0)
         drafting = [sum(size > i for size in sizes) for i in range(largest)]
         a = self.smoothing
@@ -122,7 +130,9 @@ class SpecBudget:
                                for i, old in enumerate(self._drafted_share)]
         self._speculating += 1
         best = self._best_cut(batch, drafting)
-        if best is None or self._speculating % (4 * self.probe_every) == 0:
+        if best is None:  # nothing measured yet: whole drafts, up to a first step's positions
+            return min(largest, max(1, FIRST_POSITIONS // batch))
+        if self._speculating % (4 * self.probe_every) == 0:
             return largest
         return best[0]
 
