@@ -171,14 +171,7 @@ def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
     if vllm is not None:
         pairs["vllm"] = (vllm.plain, vllm.spec)
 
-    stores = {}
-    for t in cfg.temperatures:  # the previous epoch: history_samples responses per prompt
-        store = stores[t] = HistoryStore()
-        params = [SamplingParams(temperature=t, max_tokens=cfg.max_tokens, seed=cfg.seed * 1000 + 7919 * j + i)
-                  for i in range(len(prompts)) for j in range(cfg.history_samples)]
-        outs = plain.generate([p for p in prompts for _ in range(cfg.history_samples)], params)
-        for i, p in enumerate(prompts):
-            store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
+    stores = {t: previous_epoch(cfg, plain, prompts, t) for t in cfg.temperatures}
 
     try:
         for engine in _engines(pairs, vllm):  # vLLM's first steps run several times slower: not in any turn
@@ -197,6 +190,18 @@ def bench_spec(cfg: SpecBenchConfig, log=lambda *a: None) -> dict:
         if vllm is not None:
             vllm.shutdown()
     return {"config": asdict(cfg), "machine": {"cpus": os.cpu_count()}, "results": [r for rs in results for r in rs]}
+
+
+def previous_epoch(cfg: SpecBenchConfig, plain: LLMEngine, prompts, temperature: float) -> HistoryStore:
+    """The history the bench drafts from: `cfg.history_samples` responses per prompt, sampled by
+    `plain` at `temperature` on seeds of their own."""
+    store = HistoryStore()
+    params = [SamplingParams(temperature=temperature, max_tokens=cfg.max_tokens, seed=cfg.seed * 1000 + 7919 * j + i)
+              for i in range(len(prompts)) for j in range(cfg.history_samples)]
+    outs = plain.generate([p for p in prompts for _ in range(cfg.history_samples)], params)
+    for i, p in enumerate(prompts):
+        store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
+    return store
 
 
 def _engines(pairs, vllm) -> list[EngineBackend]:

@@ -7,11 +7,11 @@ import sys
 import time
 
 from rlboost.bench.grpo import chat_prompts
-from rlboost.bench.spec import SpecBenchConfig, _timed
+from rlboost.bench.spec import SpecBenchConfig, _timed, previous_epoch
 from rlboost.data import arithmetic_rows
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.protocol import SpecStats
-from rlboost.histospec import HistoryStore, make_drafter
+from rlboost.histospec import make_drafter
 from rlboost.models import ModelConfig, load_model
 
 drafter_name, batch, turns = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -23,12 +23,7 @@ engine_cfg = EngineConfig(device="cpu", max_num_seqs=max(cfg.batches + [cfg.prom
 plain = LLMEngine(loaded.model, engine_cfg, eos_token_ids=loaded.eos_token_ids)
 spec = LLMEngine(load_model(ModelConfig(path=cfg.model)).model, engine_cfg, eos_token_ids=loaded.eos_token_ids)
 
-store = HistoryStore()  # the previous epoch, as `bench spec` records it
-params = [SamplingParams(temperature=0.6, max_tokens=cfg.max_tokens, seed=cfg.seed * 1000 + 7919 * j + i)
-          for i in range(len(prompts)) for j in range(cfg.history_samples)]
-outs = plain.generate([p for p in prompts for _ in range(cfg.history_samples)], params)
-for i, p in enumerate(prompts):
-    store.update(p, [o.token_ids for o in outs[i * cfg.history_samples:(i + 1) * cfg.history_samples]])
+store = previous_epoch(cfg, plain, prompts, 0.6)
 
 spent: collections.Counter = collections.Counter()
 
