@@ -1,6 +1,8 @@
 """Shared by the hybrid tests: a local fleet of tiny-model workers, a greedy workload, its reference
-outputs from a plain in-process engine, different tensors at every weight version, faults scripted at
-exact events of a step, and the invariant checks every hybrid test runs.
+outputs from a plain in-process engine, different tensors at every weight version, and the invariant
+checks every hybrid test runs. The fleet, the step with faults at exact events, the kills, the ledgers'
+token counts and the load-scaled limits are the package's (`rlboost.hybrid.harness`); this module gives
+them the tests' workload.
 
 Stale weights: each version after the base moves every parameter by seeded noise (`version_weights`),
 and `check_invariants` recomputes every sample with a plain forward pass of the model holding the
@@ -19,9 +21,7 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,15 +29,15 @@ from pathlib import Path
 import torch
 
 from rlboost.cluster.config import ClusterConfig
-from rlboost.cluster.ray_cluster import Cluster
-from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
+from rlboost.cluster.resources import PREEMPTIBLE
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
+from rlboost.hybrid import harness
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.handles import WorkerHandle
-from rlboost.hybrid.manager import RolloutManager
+from rlboost.hybrid.harness import (Fault, OwnClusterFleet, after_tokens, busiest, handed_off, kill, load_factor,
+                                    patience, preemptible, reserved, reserved_streamed, wait_for)
 from rlboost.hybrid.step_run import StepRun
-from rlboost.hybrid.token_ledger import ledger_path, read_ledger
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
 from rlboost.rollout import new_groups
@@ -45,31 +45,10 @@ from rlboost.trainer.logprobs import pad_batch
 
 MODEL = ModelConfig(path="tiny:qwen2")
 ENGINE = EngineConfig(device="cpu", max_num_seqs=16, stream_interval=4)
-MAX_TOKENS = 256
+MAX_TOKENS = 128
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
 NUM_PROMPTS, N = 16, 4
-STALL_S = 60.0
-"""A step that makes no progress (no token arrives) for this long, times the machine's load, is hung."""
 STEPS = itertools.count(1)  # each step's sample uids differ, so a worker's ledger tells steps apart
-
-
-def load_factor() -> float:
-    """How much slower than an idle machine things may run now: the runnable processes per core over
-    the last minute (at least 1)."""
-    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-
-
-def patience(seconds: float) -> float:
-    """A limit of `seconds` on an idle machine, stretched by the load beside the test."""
-    return seconds * 2 * load_factor()
-
-
-def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Until `predicate()` holds, failing after `patience(timeout_s)`."""
-    deadline = time.monotonic() + patience(timeout_s)
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 class Row:
@@ -124,30 +103,6 @@ def version_weights(version: int) -> dict:
     return {name: p + PERTURBATION * torch.randn(p.shape, generator=noise) for name, p in base.items()}
 
 
-class OwnClusterFleet(Fleet):
-    """A test's fleet on a cluster of its own: its shutdown ends the cluster too, as each test module
-    starts fleets one after another in one process. It remembers the tensors it published as each
-    version, which `check_invariants` recomputes samples with."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.published: dict[int, dict] = {}
-
-    def publish(self, state, version: int):
-        self.published[version] = state
-        return super().publish(state, version)
-
-    def served(self) -> dict:
-        """The tensors of the version the fleet serves now."""
-        return self.published[self.manifest.version]
-
-    def shutdown(self) -> None:
-        try:
-            super().shutdown()
-        finally:
-            self.cluster.shutdown()
-
-
 def slow_loads(seconds: float) -> Callable[[WorkerSpec], object]:
     """An engine factory (`WorkerSpec.engine_factory`) whose engines take `seconds` more to load each
     version, as a large model's copy into GPU memory does: a pull stays in flight that long after its
@@ -168,83 +123,52 @@ def slow_loads(seconds: float) -> Callable[[WorkerSpec], object]:
     return build
 
 
+def gated_pulls(gate: str) -> Callable[[WorkerSpec], object]:
+    """An engine factory (`WorkerSpec.engine_factory`) for workers whose weight pulls, once asked for,
+    fetch nothing until the file `gate` exists: a test holds a pull in flight across an event of its
+    choosing (peers dying, say), then lets it go. The engine itself is the configured one; the hold is
+    installed in the worker's own process (where the factory runs), so the fleet's code is untouched.
+    Built in a function so that Ray ships it by value."""
+    def build(spec: WorkerSpec):
+        from rlboost.cluster import host_copy
+        from rlboost.hybrid.worker import configured_engine
+
+        pull = host_copy.HostCopy.pull
+
+        def held_pull(self, *args, **kwargs):
+            while not os.path.exists(gate):
+                time.sleep(0.01)
+            return pull(self, *args, **kwargs)
+
+        host_copy.HostCopy.pull = held_pull
+        return configured_engine(spec)
+    return build
+
+
 CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterConfig)}
 
 
-def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[Fleet, dict]:
-    """A fleet of 1 reserved and `num_preemptible` workers serving version 0, on a cluster of its own
-    (`cfg`: fields of HybridConfig and of ClusterConfig); shut down again, cluster included, if any
-    part of it fails to start, so a failure never leaves Ray running for the tests after it."""
+def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[OwnClusterFleet, dict]:
+    """A fleet of 1 reserved and `num_preemptible` workers of the test model serving version 0, on a cluster
+    of its own (`harness.start_fleet`; `cfg`: fields of HybridConfig and of ClusterConfig). Returns it and
+    the weights it serves."""
     cfg.setdefault("call_timeout_s", patience(120))
     cluster_cfg = ClusterConfig(**{k: cfg.pop(k) for k in CLUSTER_KEYS & set(cfg)})
     hybrid = HybridConfig(num_preemptible=num_preemptible, ledger_dir=str(tmp / "ledgers"), **cfg)
     # frequent heartbeats leave a wide margin under the short timeouts some tests set
     spec = dataclasses.replace(WorkerSpec(MODEL, ENGINE, eos_token_ids=[], heartbeat_interval_s=0.25),
                                **(spec_overrides or {}))
-    cluster = Cluster(cluster_cfg, hybrid.instances)
-    fleet = OwnClusterFleet(hybrid, spec, RolloutManager(hybrid, cluster_cfg.weights), cluster)
-    try:
-        state = base_weights() if spec.model == MODEL else weights(spec.model)
-        fleet.publish(state, version=0)
-        fleet.start(RESERVED, 1)
-        fleet.start(PREEMPTIBLE, num_preemptible)
-        fleet.wait_ready(timeout_s=patience(120))
-    except BaseException:
-        fleet.shutdown()
-        raise
-    return fleet, state
-
-
-Fault = tuple[Callable[[StepRun], bool], Callable[[StepRun], None]]
-"""(when, what): `what(run)` is done once, as soon as `when(run)` holds. Both run in the test's thread
-while the step's loop changes what they read, so they read copies (`list(d.items())`, made in one
-piece by C code under the GIL), never iterate a live dict in Python."""
-
-
-def after_tokens(worker: Callable[[StepRun], str | None], tokens: int) -> Callable[[StepRun], bool]:
-    """When the worker `worker(run)` names has streamed at least `tokens` tokens in the step."""
-    return lambda run: (name := worker(run)) is not None and run.stats.tokens_by_worker[name] >= tokens
-
-
-def preemptible(index: int) -> Callable[[StepRun], str | None]:
-    """The `index`-th preemptible worker of the step (by name), once the step knows it."""
-    def name(run: StepRun) -> str | None:
-        names = sorted(n for n, w in list(run.state.workers.items()) if w.kind == PREEMPTIBLE)
-        return names[index] if index < len(names) else None
-    return name
-
-
-def busiest(run: StepRun) -> str | None:
-    """The live preemptible worker holding the most samples, once one holds any after the hand-off."""
-    if not run.stats.migrated["seed_handoff"] and run.state.seeding:
-        return None
-    held = {n: len(w.assigned) for n, w in list(run.state.workers.items()) if w.kind == PREEMPTIBLE and w.alive}
-    return max(sorted(held), key=held.get) if held and max(held.values()) > 0 else None
-
-
-def handed_off(run: StepRun) -> bool:
-    return run.stats.migrated["seed_handoff"] > 0 and not run.state.seeding
-
-
-def kill(fleet: Fleet, worker: Callable[[StepRun], str | None], how: str | None = None) -> Callable[[StepRun], None]:
-    def act(run: StepRun) -> None:
-        fleet.preempt(fleet.manager.table.workers[worker(run)], how)
-    return act
-
-
-def reserved_streamed(run: StepRun) -> bool:
-    """When the reserved worker has streamed its first tokens: each of its samples then has nearly all of
-    its MAX_TOKENS to go, so a hand-off at this event finds every one of them still running."""
-    return run.stats.tokens_by_kind[RESERVED] > 0
+    state = base_weights() if spec.model == MODEL else weights(spec.model)
+    return harness.start_fleet(hybrid, spec, state, cluster_cfg), state
 
 
 def advance(fleet: Fleet) -> int:
     """Publish the next version, with tensors of its own, and wait until every live worker serves it."""
     version = fleet.manifest.version + 1
-    serving = {h.name for h in fleet.manager.table.alive()}
+    serving = {h.name for h in fleet.alive()}
     fleet.publish(version_weights(version), version)
     fleet.wait_ready(timeout_s=patience(120))  # returns at once too when every pull failed and was dropped
-    dropped = [(h.name, h.fenced) for h in fleet.manager.table.handles() if h.name in serving and not h.alive]
+    dropped = [(h.name, h.fenced) for h in fleet.handles() if h.name in serving and not h.alive]
     assert not dropped, f"workers dropped while pulling version {version}: {dropped}"
     return version
 
@@ -263,56 +187,19 @@ def heartbeat_timeout(fleet: Fleet, seconds: float):
 
 def run_step(fleet: Fleet, handoff: Callable[[StepRun], bool] | None = reserved_streamed, faults: list[Fault] = (),
              version: int | None = None):
-    """One step of the workload at `version` (default: the one the fleet serves) with `faults` scripted
-    at exact events. The seeding window has no length: it ends when `handoff(run)` holds (None: no
-    window, every worker generates to the end, as in an evaluation), so the hand-off happens at an
-    event of the step, never after some time. Returns
-    (groups in arrival order, the StepRun). A step with no progress for `patience(STALL_S)` is
-    cancelled: a hang fails the test instead of blocking the suite."""
+    """One step of the workload at `version` (default: the one the fleet serves) with `faults` at exact
+    events (`harness.run_step`: the hand-off at `handoff`, a stalled step cancelled). Returns (groups in
+    arrival order, the StepRun)."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
     version = fleet.manifest.version if version is None else version
-    run = fleet.manager.start_step(groups, GREEDY, version=version,
-                                   seed_window_s=None if handoff is None else math.inf)
-    done = threading.Event()
-    if handoff is not None:
-        faults = [(handoff, lambda run: run.end_seed_window()), *faults]
-
-    def script():
-        pending = list(faults)
-        while pending and not done.is_set():
-            for fault in [f for f in pending if f[0](run)]:
-                pending.remove(fault)
-                fault[1](run)
-            time.sleep(0.002)
-
-    def watchdog():
-        seen, since = -1, time.monotonic()
-        while not done.wait(0.5):
-            progress = sum(run.stats.received.values())
-            if progress != seen:
-                seen, since = progress, time.monotonic()
-            elif time.monotonic() - since > patience(STALL_S):
-                run._cancelled.set()
-                return
-
-    threads = [threading.Thread(target=script, daemon=True), threading.Thread(target=watchdog, daemon=True)]
-    for t in threads:
-        t.start()
-    try:
-        out = list(run.groups())
-    finally:
-        done.set()
-        for t in threads:
-            t.join()
-    run.wait()
-    return out, run
+    return harness.run_step(fleet.manager, groups, GREEDY, version, handoff, faults)
 
 
 def refill(fleet: Fleet) -> None:
     """Back to the configured pool, every instance serving the current version."""
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
-    assert len(fleet.manager.table.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
+    assert len(fleet.alive(PREEMPTIBLE)) == fleet.cfg.num_preemptible
 
 
 def make_whole(fleet: Fleet) -> None:
@@ -320,12 +207,11 @@ def make_whole(fleet: Fleet) -> None:
     that one test's failure never takes the tests after it: instances beyond the configured pool are
     killed, those the test killed and the manager has not found dead yet are declared so (else the
     next step would find them), and the pool is refilled at the version served."""
-    table = fleet.manager.table
     for h in fleet.killable()[fleet.cfg.num_preemptible:]:
         fleet.preempt(h)
-    for h in table.alive():
+    for h in fleet.alive():
         if h.name in fleet.killed:
-            table.fence(h.name, "test: killed by the test before")
+            fleet.fence(h.name, "test: killed by the test before")
     fleet.wait_ready(timeout_s=patience(120))  # applies the fences
     refill(fleet)
 
@@ -359,13 +245,11 @@ def check_invariants(out, run: StepRun, ref=None, ledger_dir: Path | None = None
         return run.stats.wasted_tokens
     bound = (run.cfg.max_unacked_reports + 1) * ENGINE.stream_interval
     lost_in_all = 0
-    for _, name, reason in run.stats.deaths:
-        for request_id, generated in read_ledger(ledger_path(ledger_dir, name)).generated.items():
-            if request_id.rpartition("#")[0] not in run.tracked:
-                continue  # a request of an earlier step
-            lost = generated - run.stats.received[request_id]  # an abort's answer brings tokens never sent
+    reasons = {name: reason for _, name, reason in run.stats.deaths}
+    for name, lost_by_request in harness.lost_to_deaths(run, ledger_dir).items():
+        for request_id, lost in lost_by_request.items():
             assert lost <= bound, (f"{lost} tokens of {request_id} generated by {name} and never received "
-                                   f"(bound {bound}), declared dead: {reason}")
+                                   f"(bound {bound}), declared dead: {reasons[name]}")
             lost_in_all += max(0, lost)
     assert run.stats.wasted_tokens == lost_in_all, (run.stats.wasted_tokens, lost_in_all)
     return lost_in_all
@@ -406,5 +290,5 @@ def key(uid: str) -> str:
 
 
 __all__ = ["ENGINE", "MODEL", "WorkerHandle", "advance", "after_tokens", "base_weights", "busiest", "check_invariants",
-           "check_served", "handed_off", "kill", "load_factor", "make_whole", "patience", "preemptible", "reference", "refill",
-           "reserved_streamed", "run_step", "start_fleet", "version_weights"]
+           "check_served", "gated_pulls", "handed_off", "kill", "load_factor", "make_whole", "patience", "preemptible", "reference", "refill",
+           "reserved", "reserved_streamed", "run_step", "start_fleet", "version_weights", "wait_for"]

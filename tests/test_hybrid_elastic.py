@@ -22,6 +22,8 @@ from rlboost.hybrid.fleet import WorkerActor
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
 from rlboost.models import ModelConfig, load_model
 
+pytestmark = pytest.mark.e2e  # fleets of real processes joining and leaving: `make test-e2e`
+
 
 @pytest.fixture(scope="module")
 def shared_fleet(tmp_path_factory):
@@ -61,7 +63,7 @@ def test_an_instance_joining_mid_step_serves_once_its_pull_verifies(fleet):
     fleet.manager.pulls.take_stats()
 
     def join(run):  # once the reserved worker is busy with the step
-        (frozen["h"],) = fleet.manager.table.alive(RESERVED)
+        (frozen["h"],) = fleet.alive(RESERVED)
         os.kill(frozen["h"].pid, signal.SIGSTOP)
         threading.Thread(target=lambda: joined.extend(fleet.start(PREEMPTIBLE, 1)), daemon=True).start()
 
@@ -133,7 +135,7 @@ def test_an_instance_serving_another_model_is_refused(fleet):
     finally:
         fleet.spec = spec
     name, why = fleet.manager.pulls.stats.refused[-1]
-    assert "serves model" in why and name not in fleet.manager.table.workers
+    assert "serves model" in why and name not in {h.name for h in fleet.handles()}
 
 
 def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
@@ -146,7 +148,7 @@ def test_an_instance_claiming_the_version_with_other_weights_is_refused(fleet):
     handle = WorkerHandle("impostor", PREEMPTIBLE, actor, info.pid, info.node_id, info.max_running, info.version,
                           info.fingerprint, info.checksum)
     assert fleet.manager.add_worker(handle) is False
-    assert "impostor" not in fleet.manager.table.workers
+    assert "impostor" not in {h.name for h in fleet.handles()}
     assert "checksum" in fleet.manager.pulls.stats.refused[-1][1]
 
 
@@ -157,8 +159,8 @@ def test_a_noticed_preemption_wastes_no_tokens(fleet):
 
     def notice(run):
         name = busiest(run)
-        victim["h"], victim["in_flight"] = fleet.manager.table.workers[name], run.state.holding(name)
-        fleet.manager.table.notice(name, 0.5)
+        victim["h"], victim["in_flight"] = fleet.worker(name), run.state.holding(name)
+        fleet.notice(name, 0.5)
 
     def gone(run):  # the kill comes once the notice took its samples back
         return "h" in victim and not run.state.holding(victim["h"].name)

@@ -37,7 +37,7 @@ def monkeypatch_module():
 
 
 def test_sigkilled_vllm_worker_loses_no_sample(fleet):
-    for handle in fleet.manager.table.workers.values():  # each worker process really runs vLLM's CPU kernels
+    for handle in fleet.handles():  # each worker process really runs vLLM's CPU kernels
         maps = open(f"/proc/{handle.pid}/maps").read()
         assert "/vllm/_C" in maps, f"{handle.name} (pid {handle.pid}) has not loaded vLLM"
     victim = preemptible(0)

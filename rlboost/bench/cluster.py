@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import random
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -34,6 +33,7 @@ from rlboost.cluster.resources import PREEMPTIBLE, RESERVED
 from rlboost.engine import EngineConfig, SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.fleet import Fleet
+from rlboost.hybrid.harness import OwnClusterFleet, first_preemptible_past, run_step
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.worker import WorkerSpec
 from rlboost.models import ModelConfig, load_model
@@ -75,34 +75,23 @@ class _Workload:
     seed: int
     steps: int = 0
 
-    def step(self, manager: RolloutManager, faults=()):
-        """One measured rollout step; `faults`: (tokens streamed by the victim, act(run, victim)) to do
-        once a preemptible worker has streamed that many. Returns (groups, run, fault times)."""
+    def step(self, fleet: Fleet, faults=()):
+        """One measured rollout step (`rlboost.hybrid.harness.run_step`: the hand-off once the reserved
+        worker streamed); `faults`: (tokens streamed by the victim, act(victim)) to do once a live
+        preemptible worker not hit yet has streamed that many. Returns (groups, run, fault times)."""
         self.steps += 1
-        run = manager.start_step(new_groups(self.steps, self.prompts, self.n, self.seed), self.params, 0, 0.3)
         fired: dict[str, float] = {}
-        done = threading.Event()
+        scripted = []
+        for tokens, act in faults:
+            victim = first_preemptible_past(tokens, skip=lambda: set(fired))
 
-        def script():
-            pending = list(faults)
-            while pending and not done.is_set():
-                workers = sorted(n for n, w in list(run.state.workers.items()) if w.kind == PREEMPTIBLE and w.alive)
-                for tokens, act in list(pending):
-                    victim = next((w for w in workers if run.stats.tokens_by_worker[w] >= tokens and w not in fired), None)
-                    if victim is not None:
-                        pending.remove((tokens, act))
-                        fired[victim] = time.monotonic() - run.state.t0
-                        act(victim)
-                time.sleep(0.002)
-
-        thread = threading.Thread(target=script, daemon=True)
-        thread.start()
-        try:
-            groups = list(run.groups())
-        finally:
-            done.set()
-            thread.join()
-        run.wait()
+            def hit(run, victim=victim, act=act):
+                name = victim(run)
+                fired[name] = time.monotonic() - run.t0
+                act(name)
+            scripted.append((lambda run, victim=victim: victim(run) is not None, hit))
+        groups, run = run_step(fleet.manager, new_groups(self.steps, self.prompts, self.n, self.seed), self.params, 0,
+                               faults=scripted)
         return groups, run, fired
 
     def lost_tokens(self, groups) -> int:
@@ -127,14 +116,15 @@ def bench_cluster(cfg: ClusterBenchConfig) -> dict:
     return {"config": asdict(cfg), "heartbeat_timeout_s": cfg.heartbeat_timeout_s, "results": rows}
 
 
-def _fleet(cfg: ClusterBenchConfig, model: str, instances: str, cluster_cfg: ClusterConfig) -> Fleet:
+def _fleet(cfg: ClusterBenchConfig, model: str, instances: str, cluster_cfg: ClusterConfig) -> OwnClusterFleet:
+    """An empty fleet on a cluster of its own (its shutdown ends the cluster)."""
     hybrid = HybridConfig(num_preemptible=cfg.spot_hosts, instances=instances, preempt_with="node"
                           if instances == "hosts" else "sigkill", heartbeat_timeout_s=cfg.heartbeat_timeout_s)
     engine = EngineConfig(device="cpu", max_num_seqs=cfg.prompts * cfg.n, stream_interval=4)
     cluster = Cluster(cluster_cfg, instances)
     try:
         spec = WorkerSpec(ModelConfig(path=model), engine, [], heartbeat_interval_s=0.5)
-        return Fleet(hybrid, spec, RolloutManager(hybrid, cluster.cfg.weights), cluster)
+        return OwnClusterFleet(hybrid, spec, RolloutManager(hybrid, cluster.cfg.weights), cluster)
     except BaseException:
         cluster.shutdown()
         raise
@@ -152,22 +142,21 @@ def _on_hosts(cfg: ClusterBenchConfig, model: str, link: str, state: dict, work:
             fleet.start(PREEMPTIBLE, 1)
             fleet.wait_ready()
         joins = fleet.manager.pulls.take_stats()
-        work.step(fleet.manager)  # warm-up: every engine has run once
-        groups, run, _ = work.step(fleet.manager)
+        work.step(fleet)  # warm-up: every engine has run once
+        groups, run, _ = work.step(fleet)
         step_s = run.stats.rollout_s
 
         def vanish(victim):
-            fleet.preempt(fleet.manager.table.workers[victim])
+            fleet.preempt(fleet.worker(victim))
 
         def crash(victim):
-            handle = fleet.manager.table.workers[victim]
-            fleet.nodes[victim].host.kill_process(handle.pid)
+            fleet.nodes[victim].host.kill_process(fleet.worker(victim).pid)
 
         detect, lost, wasted = {}, 0, 0
         for label, act in (("vanish", vanish), ("kill", crash)):
             fleet.replenish()
             fleet.wait_ready()
-            groups, run, fired = work.step(fleet.manager, [(cfg.max_tokens // 3, act)])
+            groups, run, fired = work.step(fleet, [(cfg.max_tokens // 3, act)])
             (victim, at), = fired.items()
             detect[label] = next((t - at for t, name, _ in run.stats.deaths if name == victim), float("nan"))
             lost += work.lost_tokens(groups)
@@ -182,7 +171,6 @@ def _on_hosts(cfg: ClusterBenchConfig, model: str, link: str, state: dict, work:
                 "lost_tokens": lost, "wasted_tokens": wasted}
     finally:
         fleet.shutdown()
-        fleet.cluster.shutdown()
 
 
 def _one_host(cfg: ClusterBenchConfig, model: str, state: dict, work: _Workload) -> dict:
@@ -192,13 +180,12 @@ def _one_host(cfg: ClusterBenchConfig, model: str, state: dict, work: _Workload)
         fleet.start(RESERVED, 1)
         fleet.start(PREEMPTIBLE, cfg.spot_hosts)
         fleet.wait_ready()
-        work.step(fleet.manager)
-        groups, run, _ = work.step(fleet.manager)
+        work.step(fleet)
+        groups, run, _ = work.step(fleet)
         return {"model": model, "link": "one host", "step_s": run.stats.rollout_s,
                 "lost_tokens": work.lost_tokens(groups), "wasted_tokens": run.stats.wasted_tokens}
     finally:
         fleet.shutdown()
-        fleet.cluster.shutdown()
 
 
 def render(result: dict) -> Table:

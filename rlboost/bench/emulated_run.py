@@ -189,7 +189,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))
             if k == 0:
-                memory = worker_memory([h.pid for h in rollout.manager.table.alive()])
+                memory = worker_memory([h.pid for h in rollout.fleet.alive()])
             if log:
                 e = steps[-1]
                 log(f"  step {k}: {e.step_s:.2f} s wall, rollout {e.rollout_s:.2f} s, T_seed {e.seed_s:.2f} s, "

@@ -182,6 +182,32 @@ class Fleet:
         missing = self.cfg.num_preemptible - len(self.manager.table.alive(PREEMPTIBLE))
         return len(self.start(PREEMPTIBLE, missing)) if missing > 0 else 0
 
+    # ---- the workers, from any thread (the manager's table is its own) -------------------------------
+
+    def worker(self, name: str) -> WorkerHandle:
+        """The handle of worker `name`, alive or not; KeyError when the fleet never had it."""
+        handle = self.manager.table.get(name)
+        if handle is None:
+            raise KeyError(f"no worker {name!r} in the fleet")
+        return handle
+
+    def alive(self, kind: str | None = None) -> list[WorkerHandle]:
+        """The workers not declared dead (of `kind`, when given)."""
+        return self.manager.table.alive(kind)
+
+    def handles(self) -> list[WorkerHandle]:
+        """Every worker the manager holds, the dead ones not yet reaped included."""
+        return self.manager.table.handles()
+
+    def fence(self, name: str, reason: str) -> None:
+        """Declare worker `name` dead for `reason` (its owner thread applies it): whatever it sends after
+        is dropped (invariant 6), alive or not."""
+        self.manager.table.fence(name, reason)
+
+    def notice(self, name: str, seconds: float) -> None:
+        """A preemption notice for instance `name`, `seconds` before it goes, as a cloud's warning."""
+        self.manager.table.notice(name, seconds)
+
     def killable(self) -> list[WorkerHandle]:
         """Live preemptible instances not yet killed or given back (the manager may not have noticed
         yet), by name."""
