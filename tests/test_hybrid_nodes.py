@@ -10,10 +10,11 @@ import random
 import psutil
 import pytest
 
-from hybrid_util import (advance, after_tokens, check_invariants, heartbeat_timeout, kill, make_whole, patience,
-                         preemptible, run_step,
-                         start_fleet)
+from hybrid_util import (advance, after_tokens, check_invariants, gated_pulls, heartbeat_timeout, kill, make_whole,
+                         patience, preemptible, run_step, start_fleet, wait_for)
 from rlboost.hybrid.handles import PREEMPTIBLE
+
+pytestmark = pytest.mark.e2e  # instances as Ray nodes of their own: `make test-e2e`
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_removed_nodes_lose_no_sample(fleet):
 
     fleet.replenish()  # a new node joins at a step boundary
     fleet.wait_ready(timeout_s=patience(120))
-    assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
+    assert len(fleet.alive(PREEMPTIBLE)) == 2 and fleet.joins == 3
 
     # the node stops answering and the cluster removes it (its health checks fail), its worker process
     # lives on: only the cluster (the node table, or the actor's death it reports) says it is gone. The
@@ -59,7 +60,7 @@ def test_removed_nodes_lose_no_sample(fleet):
     # it stays unfinished and there are always samples to rescue from it; the step has no seeding
     # window, so every worker gets its share when it starts. The heartbeat timeout is out of reach for
     # this step, so the cluster is the only way the death can be found, however slow the machine.
-    victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    victim = sorted(fleet.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     node = psutil.Process(fleet.nodes.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
     fleet.killed.add(victim.name)  # if the test fails before the manager finds it dead, the next is not left with it
@@ -112,7 +113,7 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
 
     fleet.replenish()
     fleet.wait_ready(timeout_s=patience(120))
-    holders = {h.node_id for h in fleet.manager.table.alive(PREEMPTIBLE)}
+    holders = {h.node_id for h in fleet.alive(PREEMPTIBLE)}
     assert len(holders) == 2
     # the version served changed every tensor, offered no patch and so left no instance a copy to patch
     # from: this one, one matrix away, is pulled in full and kept, so the next comes by a patch
@@ -134,9 +135,10 @@ def test_pulled_buckets_can_be_served_by_the_nodes_that_pulled_them(fleet):
 
 def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preempted(fleet):
     """The instances that fetched a version's patch hold copies a joiner may fetch from (Ray's object
-    manager picks among the holders). Both are preempted (their nodes removed) while a joiner pulls
-    that patch from its base: the joiner still reaches the version, bit for bit (its checksum is the
-    store's), from the copy the publisher keeps."""
+    manager picks among the holders). Both are preempted (their nodes removed) while a joiner's pull of
+    that patch from its base is in flight, held before it fetches anything until both are gone: the
+    joiner still reaches the version, bit for bit (its checksum is the store's), from the copy the
+    publisher keeps."""
     import dataclasses
 
     import ray
@@ -148,17 +150,27 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     fleet.wait_ready(timeout_s=patience(120))
     patch = fleet.manifest.patch_from_base()
     assert patch is not None and patch.nbytes < fleet.manifest.nbytes / 10
-    holders = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)
+    holders = sorted(fleet.alive(PREEMPTIBLE), key=lambda h: h.name)
+    assert holders and all(h.version == fleet.manifest.version for h in holders)
     fleet.manager.pulls.take_stats()
-    fleet.spec = dataclasses.replace(fleet.spec, join_from_base=True)  # the base model on its disk
+    gate = fleet.tmp / "joiner-pull-gate"
+    plain = fleet.spec
+    # the base model on its disk, and a pull held until the gate opens
+    fleet.spec = dataclasses.replace(plain, join_from_base=True, engine_factory=gated_pulls(str(gate)))
     try:
         [joiner] = fleet.start(PREEMPTIBLE, 1)
-        assert joiner.pull is not None  # pulling now
+        assert joiner.pull is not None  # asked for, and held before it fetched a byte
         for h in holders:
             fleet.preempt(h, how="node")
+        gone = {h.node_id for h in holders}
+        wait_for(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] in gone), 60,
+                 "the holders' nodes to be gone")
+        assert not ray.wait([joiner.pull.ref], timeout=0)[0]  # still pulling: the preemption fell inside its pull
+        gate.touch()
         fleet.wait_ready(timeout_s=patience(120))
     finally:
-        fleet.spec = dataclasses.replace(fleet.spec, join_from_base=False)
+        gate.touch()
+        fleet.spec = plain
     assert joiner.ready is not None and joiner.checksum == fleet.manifest.checksum
     modes = {w: mode for w, _, _, mode in fleet.manager.pulls.take_stats().pulls}
     assert modes[joiner.name] == "from_base"

@@ -78,13 +78,15 @@ def imports(tmp_path, monkeypatch) -> Path:
     return path
 
 
-TIMEOUT_S = patience(0.5)
-"""reward.timeout_s in these tests: well above an ordinary call under the load beside the test (each
-hang costs that long)."""
+TIMEOUT_S = 0.5
+"""reward.timeout_s in these tests on an idle machine; each pool's is `patience(TIMEOUT_S)`, read when the
+pool starts (the load beside the test then, not when this module was imported): well above an ordinary
+call under that load (each hang costs that long)."""
 
 
-def start(reward_file: Path, on_error: str = "zero", num_workers: int = 2, timeout_s: float = TIMEOUT_S
+def start(reward_file: Path, on_error: str = "zero", num_workers: int = 2, timeout_s: float | None = None
           ) -> RewardScorer:
+    timeout_s = patience(TIMEOUT_S) if timeout_s is None else timeout_s
     return RewardScorer.start(RewardConfig(path=str(reward_file), on_error=on_error, num_workers=num_workers,
                                            timeout_s=timeout_s, start_timeout_s=patience(30)))
 
@@ -146,8 +148,9 @@ def test_a_hung_call_scores_zero_its_worker_is_replaced_and_the_rest_are_scored(
         assert scorer.pop_metrics() == {"reward/errors": 1.0, "reward/timeouts": 1.0}
         assert scorer.pop_metrics() == {"reward/errors": 0.0, "reward/timeouts": 0.0}
         assert scorer.score(requests("a", "a", "a")) == [1.0, 1.0, 1.0]  # its replacement serves
+        timeout_s = scorer.pool.timeout_s
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert f"ran past reward.timeout_s={TIMEOUT_S:g} s on sample '1:1:0' (data_source 'test')" in error.getMessage()
+    assert f"ran past reward.timeout_s={timeout_s:g} s on sample '1:1:0' (data_source 'test')" in error.getMessage()
     assert all(gone(pid) for pid in after)
 
 

@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from hybrid_util import patience
 from rlboost.engine import EngineBackend, EngineStateError, InvalidRequestError
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.sim.emulated import EmulatedEngine, EmulatedEngines, EmulationConfig, logprob_at, token_at, workload_seed
@@ -85,8 +84,38 @@ def test_pace_is_the_profile_to_the_float():
     assert clock.slept >= max(lengths) / cfg.stream_interval
 
 
+class LateClock(FakeClock):
+    """A wall clock whose every sleep wakes `late` seconds after it was due, as a loaded machine's does."""
+
+    def __init__(self, late: float):
+        super().__init__()
+        self.late = late
+
+    def sleep(self, seconds: float) -> None:
+        super().sleep(seconds + self.late)
+
+
+def test_late_wake_ups_are_not_carried_into_the_next_sleep():
+    # The deadlines are absolute: however late each wake-up, the run ends one wake-up late, not one per
+    # step; a run that slept relative durations would end `slept` wake-ups late.
+    cfg = config(time_scale=0.25)
+    clock = LateClock(late=0.01)
+    engine = EmulatedEngine(cfg, (EOS,), clock=clock.now, sleep=clock.sleep)
+    seeds = [workload_seed(1, g, j) for g in range(2) for j in range(8)]
+    for i, s in enumerate(seeds):
+        engine.add(f"r{i}", PROMPT, params(s))
+    t0 = clock.t
+    run_all(engine)
+    lengths = [length for group in Workload(cfg.lengths()).step(1)[:2] for length in group]
+    expected = engine_rollout(cfg.profiles()[0], lengths, len(PROMPT)).seconds * 0.25
+    assert clock.slept > 10
+    assert expected <= clock.t - t0 <= expected + clock.late + 1e-9
+
+
 def test_pace_in_real_time():
-    # The real clock: sleeping to absolute deadlines keeps the wall time at time_scale x the model's.
+    # The real clock: the engine sleeps to its deadlines, never ahead of the model, and computes little.
+    # How late a loaded machine wakes it is no property of the engine (the fake clocks above test that a
+    # late wake-up is not carried), so nothing here bounds the wall time from above.
     cfg = config(time_scale=0.25)
     engine = EmulatedEngine(cfg, (EOS,))
     seeds = [workload_seed(1, g, j) for g in range(2) for j in range(8)]
@@ -99,9 +128,6 @@ def test_pace_in_real_time():
     expected = engine_rollout(cfg.profiles()[0], lengths, len(PROMPT)).seconds * 0.25
     assert expected > 1.0
     assert wall >= expected * 0.99  # never ahead of the model
-    # late only by what a loaded machine withholds: 30% and 0.3 s on an idle one, more beside other work
-    # (the deadlines are absolute, so a late wake-up is not carried into the next sleep)
-    assert wall <= expected + patience(0.15 * expected + 0.15)
     assert cpu < 0.2 * expected  # it sleeps, it does not compute
 
 
@@ -312,6 +338,7 @@ def test_a_light_rollout_worker_never_imports_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.e2e
 def test_simulated_and_emulated_steps_agree():
     # The real control plane (Ray, manager, controller, fixed pool, light workers, pulls of real bytes)
     # on emulated engines, against the simulator on the same configuration. check_step, run inside,

@@ -17,7 +17,9 @@ from rlboost.cluster.hosts import HostEntry
 from rlboost.cluster.resources import PREEMPTIBLE
 from rlboost.hybrid.handles import WorkerState
 
-HEARTBEAT_TIMEOUT_S = 3.0
+HEARTBEAT_S = 1.5
+"""The heartbeat timeout on an idle machine; the fleet's is `patience(HEARTBEAT_S)`, set when it starts, so
+the live hosts' beats on a loaded machine are not taken for a vanished host's silence."""
 HOSTS = [HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preemptible", count=4, link="100mbit")]
 
 
@@ -25,7 +27,7 @@ HOSTS = [HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preem
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hosts")
     fleet, weights = start_fleet(tmp, num_preemptible=2, instances="hosts", preempt_with="node", hosts=HOSTS,
-                                 heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+                                 heartbeat_timeout_s=patience(HEARTBEAT_S))
     fleet.weights, fleet.tmp = weights, tmp
     yield fleet
     fleet.shutdown()
@@ -55,7 +57,7 @@ def test_a_vanished_host_is_found_by_heartbeat_and_loses_nothing(fleet, ref):
     assert name in vanished_at and run.stats.migrated["preempted"] > 0
     # nothing reset its streams and Ray still lists its node: only the silence tells
     assert reason.startswith("no sign of life"), reason
-    assert declared - vanished_at[name] <= HEARTBEAT_TIMEOUT_S + 2 * load_factor(), run.stats.deaths
+    assert declared - vanished_at[name] <= fleet.cfg.heartbeat_timeout_s + 2 * load_factor(), run.stats.deaths
     refill(fleet)
 
 
@@ -75,13 +77,13 @@ def test_a_partitioned_host_whose_link_returns_is_fenced(fleet, ref):
     [(_, name, reason)] = run.stats.deaths
     assert name == cut["name"] and reason.startswith("no sign of life")
     fleet.reap()  # the fenced instance is ended, its host with it: it joins no step again
-    assert name not in fleet.nodes and name not in fleet.manager.table.workers
+    assert name not in fleet.nodes and name not in {h.name for h in fleet.handles()}
     refill(fleet)
-    assert len(fleet.manager.table.alive(PREEMPTIBLE)) == 2
+    assert len(fleet.alive(PREEMPTIBLE)) == 2
 
 
 def test_a_host_vanishing_mid_pull_is_dropped(fleet):
-    victim = sorted(fleet.manager.table.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
+    victim = sorted(fleet.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
     fleet.cluster.room.set_link(host_of(fleet, victim.name), 2e6)  # the pull takes seconds, not milliseconds
     # tensors of its own: the base again would be an empty patch, pulled before the test could see it start
     fleet.publish(version_weights(1), version=1)
@@ -91,7 +93,7 @@ def test_a_host_vanishing_mid_pull_is_dropped(fleet):
         time.sleep(0.005)
     fleet.preempt(victim)
     fleet.wait_ready(timeout_s=patience(120))  # the version is not held back by the vanished puller
-    alive = fleet.manager.table.alive(PREEMPTIBLE)
+    alive = fleet.alive(PREEMPTIBLE)
     assert victim.name not in {h.name for h in alive} and all(h.version == 1 for h in alive)
     refill(fleet)
     out, run = run_step(fleet, version=1)
