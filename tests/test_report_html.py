@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -25,45 +24,16 @@ def find_browser() -> str | None:
     return next((path for name in BROWSERS if (path := shutil.which(name))), None)
 
 
-# chromium and the libraries it pulls in are ~100 MB from the Debian mirror; a stuck mirror must not hang the suite
-APT_TIMEOUT_S = 600
-# What apt says when the package lists are missing (a fresh image) or stale (their .debs are gone from the
-# mirror): only then is the slow `apt-get update` worth running.
-STALE_LISTS = ("Unable to locate package", "has no installation candidate", "Failed to fetch")
-
-
-def apt_get(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["apt-get", *args], capture_output=True, text=True, timeout=APT_TIMEOUT_S, check=False,
-                          env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-
-
-INSTALL_HINT = "install it (Debian/Ubuntu: `apt-get install chromium`) or put one of them on PATH"
-
-
-def no_browser(why: str):
-    """The test cannot run: it fails, in one line saying what is missing and how to get it (a skip
-    would let a suite without a browser pass unseen)."""
-    pytest.fail(f"no chromium on PATH (looked for {', '.join(BROWSERS)}), {why}: {INSTALL_HINT}", pytrace=False)
+INSTALL_HINT = "`make install-browser` installs Debian's chromium (it needs root and apt-get; .ci/run runs it)"
 
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Debian's chromium, installed here when missing and possible (root and apt); else a failure."""
-    if (path := find_browser()) is not None:
-        return path
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        no_browser("and installing it here needs root and apt-get")
-    install = ("install", "-y", "--no-install-recommends", "chromium")
-    try:
-        done = apt_get(*install)
-        if done.returncode != 0 and any(sign in done.stderr for sign in STALE_LISTS):
-            updated = apt_get("update")
-            done = apt_get(*install) if updated.returncode == 0 else updated
-    except subprocess.TimeoutExpired as e:
-        no_browser(f"and `{' '.join(e.cmd)}` did not finish in {APT_TIMEOUT_S} s")
+    """A headless browser on PATH. None is installed here: a test run changes nothing on the machine. Without
+    one the test fails, in one line saying what it needs and the command that installs it (a skip would let
+    a suite without a browser pass unseen)."""
     if (path := find_browser()) is None:
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        no_browser(f"and installing it with apt-get failed ({why})")
+        pytest.fail(f"no chromium on PATH (looked for {', '.join(BROWSERS)}): {INSTALL_HINT}", pytrace=False)
     return path
 
 
