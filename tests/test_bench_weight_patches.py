@@ -4,7 +4,11 @@ instead of losing the rows measured before it."""
 
 from __future__ import annotations
 
+import pytest
+
 from rlboost.bench.weights import WeightsBenchConfig, bench_weights, render
+
+pytestmark = pytest.mark.e2e  # a bench of weight patches over training steps: `make test-e2e`
 
 
 def test_the_patch_rows_are_complete_and_bit_identical():
@@ -23,7 +27,6 @@ def test_the_patch_rows_are_complete_and_bit_identical():
 
 
 def test_saved_versions_let_the_links_rerun_without_the_steps(tmp_path, monkeypatch):
-    import pytest
     import torch
 
     from rlboost.bench import weight_patches

@@ -21,6 +21,8 @@ from rlboost.hybrid.fleet import Fleet
 from rlboost.hybrid.providers import FixedPool
 from rlboost.hybrid.step_run import StepRun
 
+pytestmark = pytest.mark.e2e  # whole training runs under random hard kills: `make test-e2e`
+
 KILLS_PER_STEP = 4
 """Kills armed per step, one after another; those a step ends before are not carried over."""
 PULL_SHARE = 0.4

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from rlboost.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from test_train import run_cli
+from rlboost.cli import main
+from test_train import QUIET, SMOKE
 from test_trainer import make_groups, make_trainer
 
 
@@ -105,10 +106,13 @@ def test_a_trainer_pt_crafted_to_run_code_is_refused_naming_it(tmp_path):
     assert not marker.exists()
 
 
-def test_the_command_refuses_a_crafted_checkpoint_in_one_line(tmp_path):
+def test_the_command_refuses_a_crafted_checkpoint_in_one_line(tmp_path, capsys):
     marker = tmp_path / "marker"
     saved = crafted_checkpoint(tmp_path, marker)
-    code, out = run_cli(tmp_path, f"run.resume={saved}", "run.total_steps=2")
+    code = main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", *QUIET, f"run.resume={saved}",
+                 "run.total_steps=2"])  # in the command's own process: no process boundary is under test
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
     flat = " ".join(out.split())
     assert code == 2 and "Traceback" not in out, out
     assert f"{saved / 'trainer.pt'}: refused:" in flat, out

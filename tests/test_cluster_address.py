@@ -124,6 +124,7 @@ def two_nodes():
         cluster.shutdown()
 
 
+@pytest.mark.e2e
 def test_every_node_of_a_joined_cluster_is_asked_for_the_model_before_any_worker(two_nodes, tmp_path):
     """The workers a joined cluster runs build their model from `model.path` on their node: a node
     without it is named at start-up, before any worker, with what it lacks."""

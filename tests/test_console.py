@@ -46,6 +46,7 @@ def wait_for(condition, what: str, proc: subprocess.Popen, limit_s: float) -> No
         time.sleep(0.1)
 
 
+@pytest.mark.e2e
 def test_a_hybrid_run_shows_events_not_rays_messages_and_stops_cleanly_on_sigterm(tmp_path):
     run_dir = tmp_path / "run"
     # kills at seeded token counts, the first due at about the 930th token: in step 1's generation

@@ -34,6 +34,8 @@ from rlboost.trainer.ranks import TrainerGroup
 
 from hybrid_util import ENGINE, MODEL, patience, weights
 
+pytestmark = pytest.mark.e2e  # placement of workers and ranks on a Ray cluster: `make test-e2e`
+
 GPUS = 12
 CONFIGS = Path(__file__).parent.parent / "configs"
 

@@ -56,18 +56,32 @@ def test_this_machine_can_make_rooms():
 
 BENCH_ROOMS = {"room_drain.py": "the drain script also runs on Ray nodes in tests/test_providers.py, and a "
                                "vanished host in room_vanish.py; 2-3 min that keep make test and CI within budget"}
+ROOMS = sorted(p.name for p in IN_ROOM.glob("room_*.py"))
 
 
-@pytest.mark.parametrize("module", [pytest.param(name, marks=pytest.mark.bench) if name in BENCH_ROOMS else name
-                                    for name in sorted(p.name for p in IN_ROOM.glob("room_*.py"))])
-def test_in_a_room(module):
-    """Runs tests/in_room/MODULE with pytest inside a fresh room; its output is the failure message."""
+def run_in_a_room(*modules: str) -> None:
+    """Runs tests/in_room/MODULES with one pytest inside one fresh room (a room's start-up, Ray's head and
+    the imports paid once); its output is the failure message."""
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     done = subprocess.run(room_command([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                                        str(IN_ROOM / module)]),
+                                        "--durations=5", *(str(IN_ROOM / m) for m in modules)]),
                           cwd=ROOT, env=env | {"RLBOOST_HOSTS_ROOM": "1"}, capture_output=True, text=True,
-                          timeout=patience(420))  # within the 900 s backstop, both stretched by load
+                          timeout=patience(420 * len(modules)))  # the backstop below stretches as much
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(900 * 3)
+def test_in_a_room():
+    """Every room module but the benchmarks', in one room."""
+    run_in_a_room(*(m for m in ROOMS if m not in BENCH_ROOMS))
+
+
+@pytest.mark.bench
+@pytest.mark.parametrize("module", sorted(BENCH_ROOMS))
+def test_in_a_room_bench(module):
+    """The room modules left to `make bench` (BENCH_ROOMS says why), each in a room of its own."""
+    run_in_a_room(module)
 
 
 def test_a_killed_room_leaves_no_process_behind(tmp_path):
@@ -104,11 +118,19 @@ def test_a_killed_room_leaves_no_process_behind(tmp_path):
     ("cluster.hosts=[{kind: preemptible}]", "cluster.hosts: the first host must be reserved"),
     ("cluster.hosts=[{kind: reserved, link: fast}]", "cluster.hosts[0].link='fast' is not a link rate"),
 ])
-def test_a_bad_hosts_run_is_one_line_and_exit_2(tmp_path, override, message):
-    """Checked before the command enters a room, and again inside it, before Ray or a model loads."""
-    done = subprocess.run([sys.executable, "-m", "rlboost.cli", "train", str(ROOT / "configs" / "hybrid_smoke.yaml"),
-                           "rollout.hybrid.instances=hosts", override, f"run.output_dir={tmp_path / 'run'}"],
-                          cwd=tmp_path, env=os.environ | {"PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-                          timeout=patience(120))
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert message in done.stdout and "Traceback" not in done.stdout + done.stderr
+def test_a_bad_hosts_run_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys, override, message):
+    """Checked before the command enters a room (in the command's own process here: entering one would
+    re-execute it, which fails the test), before Ray or a model loads."""
+    import rlboost.cluster.hosts as hosts
+    from rlboost.cli import main
+
+    def entered(argv=None):
+        raise AssertionError(f"entered a room with a bad config: {argv}")
+
+    monkeypatch.setattr(hosts, "enter_room", entered)
+    code = main(["train", str(ROOT / "configs" / "hybrid_smoke.yaml"), "rollout.hybrid.instances=hosts", override,
+                 f"run.output_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr()
+    assert code == 2, out.out + out.err
+    assert message in out.out and "Traceback" not in out.out + out.err
+    assert "ray" not in sys.modules or not __import__("ray").is_initialized()

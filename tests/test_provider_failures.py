@@ -24,6 +24,8 @@ from rlboost.models import ModelConfig
 from rlboost.run_log import run_log
 from rlboost.spot import SpotTrace, TraceReplay
 
+pytestmark = pytest.mark.e2e  # providers starting real instances: `make test-e2e`
+
 MISSING = "/nowhere/model"
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 
+import pytest
 import ray
 
 from drain_scenario import drain_then_vanish
@@ -15,6 +16,8 @@ from hybrid_util import check_invariants, reference, run_step, start_fleet, wait
 from rlboost.cluster.resources import MANY, PREEMPTIBLE, RESERVED
 from rlboost.hybrid.providers import RayClusterPool, TraceProvider, drain_notices
 from rlboost.spot import SpotTrace, TraceReplay
+
+pytestmark = pytest.mark.e2e  # providers starting and killing real instances: `make test-e2e`
 
 
 def alive(pid: int) -> bool:

@@ -114,6 +114,7 @@ def local_ray():
         state.restore()
 
 
+@pytest.mark.e2e
 class TestLocalRay:
     def test_actor_works_and_everything_listens_on_loopback(self, local_ray):
         @ray.remote(num_cpus=0)
@@ -210,6 +211,7 @@ def cluster():
         state.restore()
 
 
+@pytest.mark.e2e
 class TestLocalCluster:
 
     def test_added_node_runs_an_actor_and_listens_on_loopback(self, cluster):
@@ -269,6 +271,7 @@ def test_no_token_auth_in_ray_is_an_error_not_an_open_cluster(ray_state, monkeyp
     assert not ray.is_initialized()
 
 
+@pytest.mark.e2e
 def test_joining_a_cluster_without_token_auth_takes_auth_token_false(ray_state):
     """The address check asks a real GCS: one started without authentication is refused unless the
     user says `cluster.ray.auth_token=false`."""
@@ -328,6 +331,7 @@ def _ray_daemons() -> list[str]:
     return sorted(names)
 
 
+@pytest.mark.e2e
 def test_a_raylet_missing_rays_start_up_wait_is_started_again_and_the_first_try_killed(ray_state, monkeypatch):
     """Under a loaded machine a niced raylet can miss Ray's fixed 30 s start-up wait; Ray then raises
     with the node's processes running. The start is tried again and the first try's GCS and raylet
@@ -348,6 +352,7 @@ def test_a_raylet_missing_rays_start_up_wait_is_started_again_and_the_first_try_
     assert _ray_daemons() == []
 
 
+@pytest.mark.e2e
 def test_the_last_raylet_timeout_is_raised_with_nothing_left_running(ray_state, monkeypatch):
     monkeypatch.setattr(ray_setup, "RAYLET_START_TRIES", 2)
     _RayletTimeouts(monkeypatch, times=2)
@@ -357,6 +362,7 @@ def test_the_last_raylet_timeout_is_raised_with_nothing_left_running(ray_state, 
     assert _ray_daemons() == []
 
 
+@pytest.mark.e2e
 def test_a_cluster_node_missing_the_wait_is_added_again(ray_state, monkeypatch):
     cluster = start_local_cluster(RaySecurityConfig(), {"head": 1}, num_cpus=0, system_config={})
     try:
@@ -421,6 +427,7 @@ def driver_of_a_node(tmp_path, script: str, *args: str, env: dict | None = None)
             ray_setup.kill_node_process(node)
 
 
+@pytest.mark.e2e
 def test_a_node_process_ends_with_a_driver_killed_while_it_starts(tmp_path):
     """The driver can die before its node has joined (here the node waits for a GCS that never
     answers, as it does for minutes when the driver's GCS died with it): the node process leaves
@@ -436,6 +443,7 @@ def test_a_node_process_ends_with_a_driver_killed_while_it_starts(tmp_path):
         assert not alive, "the node process waited on for its GCS after its driver's death"
 
 
+@pytest.mark.e2e
 def test_a_node_process_ends_with_a_driver_killed_without_cleanup(tmp_path):
     """A run's driver SIGKILLed (or taken by the OOM killer) cannot end the spot nodes it started:
     each node process, in a session of its own, notices its driver is gone and ends its raylet."""

@@ -87,6 +87,7 @@ def test_a_tiny_model_learns_a_learnable_reward(tmp_path):
     assert min(scores[-2:]) > 3 * scores[0] and scores[-1] > 0.2, scores
 
 
+@pytest.mark.e2e
 def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
     """The same learning run with rollout on 1 reserved + 2 preemptible Ray workers, killed with
     SIGKILL at seeded token counts of the run (`progress_kills`) and replaced at once."""
@@ -124,6 +125,7 @@ def test_hybrid_training_with_preemptions_learns_like_colocated(tmp_path):
         assert key in m[4], key
 
 
+@pytest.mark.e2e
 def test_histospec_changes_nothing_but_speed(tmp_path):
     """The same 4 steps (8 prompts, so each comes back every 2 steps) with and without HistoSpec: the
     same responses, rewards and losses; the speculative run reports its spec/* metrics."""
@@ -145,6 +147,7 @@ def test_histospec_changes_nothing_but_speed(tmp_path):
     assert m[3]["critic/score/mean"] == pytest.approx(spec[3]["critic/score/mean"], rel=1e-4)
 
 
+@pytest.mark.e2e
 def test_hybrid_histospec_and_histopipe_change_nothing_but_speed(tmp_path):
     """Hybrid rollout (1 reserved + 2 preemptible workers), 4 steps over 8 prompts so each comes back
     every 2 steps: with HistoSpec drafting on the workers from histories the manager sends, and
@@ -173,6 +176,7 @@ def test_hybrid_histospec_and_histopipe_change_nothing_but_speed(tmp_path):
     assert "spec/verify_steps" not in plain[1]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["SIGKILL", "SIGINT"])
 def test_a_killed_or_stopped_run_resumes_to_the_same_metrics(tmp_path, how):
     """SIGKILL: a hard kill, no cleanup. SIGINT (Ctrl-C): a clean stop, exit status 130, a line naming
@@ -247,7 +251,11 @@ def run_cli(tmp_path, *args) -> tuple[int, str]:
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def test_bad_input_is_a_clear_error_before_any_work(tmp_path):
+def test_bad_input_is_a_clear_error_before_any_work(tmp_path, capsys):
+    """Each check in the command's own process (no process boundary is under test here: the first case
+    runs as the installed command, whose exit status and streams are the user's)."""
+    import psutil
+
     bad = tmp_path / "bad.jsonl"
     row = {"data_source": "arithmetic", "prompt": [{"role": "user", "content": "1+1?"}],
            "reward_model": {"style": "rule", "ground_truth": "2"}}
@@ -260,16 +268,24 @@ def test_bad_input_is_a_clear_error_before_any_work(tmp_path):
         (["rollout.mode=hybird"], "rollout.mode='hybird'"),
         (["reward.path=/no/such/reward.py"], "/no/such/reward.py"),
     ]
+    code, out = run_cli(tmp_path, *cases[0][0])
+    assert code == 2 and cases[0][1] in " ".join(out.split()) and "Traceback" not in out, out
+    children = set(psutil.Process().children(recursive=True))
     for args, message in cases:
-        code, out = run_cli(tmp_path, *args)
+        code = main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", *QUIET, *args])
+        captured = capsys.readouterr()
+        out = captured.out + captured.err
         assert code == 2, (args, out)
         assert message in " ".join(out.split()), (args, out)
         assert "Traceback" not in out
         assert not (tmp_path / "r" / "metrics.jsonl").exists()  # nothing ran
-    code, out = run_cli(tmp_path, f"data.train_files=[{bad}]")
+        assert set(psutil.Process().children(recursive=True)) <= children, args  # nothing left running
+    assert main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", *QUIET, f"data.train_files=[{bad}]"]) == 2
+    out = capsys.readouterr().out
     assert "row 1" in out and "reward_model" in out
 
 
+@pytest.mark.e2e
 def test_a_crashing_reward_function_names_the_sample(tmp_path):
     reward = tmp_path / "crash.py"
     reward.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -298,6 +314,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 
 
+@pytest.mark.e2e
 def test_a_hanging_reward_function_is_timed_out_and_leaves_no_worker(tmp_path, monkeypatch):
     """It froze the run: nothing timed it out. Now under on_error=raise the run ends with one line
     naming the sample, and under zero it trains on zeros, counting them; either way no reward worker

@@ -14,6 +14,8 @@ from rlboost.cli import main
 from rank_faults import kill_rank_before_pass
 from test_train import QUIET, SMOKE, assert_rollout_served_the_trainers_weights, metrics_of, run_cli, train
 
+pytestmark = pytest.mark.e2e  # training runs on trainer ranks: `make test-e2e`
+
 # one padded batch per micro-batch at every world size, so the two runs compute the same sums
 PADDED = ["trainer.share_prompt=false", "trainer.micro_batch_groups=1"]
 COMPARED = ("critic/score/mean", "response_length/mean", "actor/pg_loss", "actor/grad_norm", "actor/entropy",

@@ -30,6 +30,8 @@ from hybrid_util import patience
 from rank_faults import alive, kill_rank_before_pass
 from test_trainer import MAX_RESPONSE, make_groups
 
+pytestmark = pytest.mark.e2e  # trainer ranks as Ray actors: `make test-e2e`
+
 POLICY = ModelConfig(path="tiny:qwen2", seed=3)
 REFERENCE = ModelConfig(path="tiny:qwen2", seed=4)  # another model, so that the KL term is not zero
 # An update this small leaves fp32 weights of size ~0.1 exactly where they were: the ranks' weights
