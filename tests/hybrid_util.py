@@ -148,7 +148,8 @@ def gated_pulls(gate: str) -> Callable[[WorkerSpec], object]:
 CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterConfig)}
 
 
-def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None, **cfg) -> tuple[OwnClusterFleet, dict]:
+def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None,
+                **cfg) -> tuple[OwnClusterFleet, dict]:
     """A fleet of 1 reserved and `num_preemptible` workers of the test model serving version 0, on a cluster
     of its own (`harness.start_fleet`; `cfg`: fields of HybridConfig and of ClusterConfig). Returns it and
     the weights it serves."""
@@ -290,5 +291,6 @@ def key(uid: str) -> str:
 
 
 __all__ = ["ENGINE", "MODEL", "WorkerHandle", "advance", "after_tokens", "base_weights", "busiest", "check_invariants",
-           "check_served", "gated_pulls", "handed_off", "kill", "load_factor", "make_whole", "patience", "preemptible", "reference", "refill",
-           "reserved", "reserved_streamed", "run_step", "start_fleet", "version_weights", "wait_for"]
+           "check_served", "gated_pulls", "handed_off", "kill", "load_factor", "make_whole", "patience", "preemptible",
+           "reference", "refill", "reserved", "reserved_streamed", "run_step", "start_fleet", "version_weights",
+           "wait_for"]

@@ -94,31 +94,22 @@ class Fleet:
         """Start `count` workers of `kind` in parallel and admit them to the manager, which has them
         pull the current weights. A worker that fails to start is an error naming it; one serving
         another model is refused and left out of the result. `node_id`: on that existing Ray node."""
+        return self.start_pool({kind: count}, node_id)
+
+    def start_pool(self, counts: dict[str, int], node_id: str | None = None) -> list[WorkerHandle]:
+        """`start` for several kinds at once (`counts`: kind -> workers), all booting side by side: a run's
+        reserved workers and its first instances boot together instead of one kind after the other."""
         launched = time.monotonic()
         pending = []
-        for _ in range(count):
-            if self._stopping:
-                break
-            with self._lock:
-                self._counter += 1
-                name = f"{kind[:4]}-{self._counter}"
-            options: dict = {"num_cpus": 0, "max_concurrency": 8, "name": None}
-            if node_id is not None:
-                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-            elif kind == PREEMPTIBLE and self.cluster.local_nodes:
-                self.nodes[name] = self._start_node(name)
-                options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
-            else:
-                options["resources"] = {kind: 1}
-            options = self._with_gpus(name, kind, options, node_id)
-            if kind == PREEMPTIBLE:
-                self.lifetimes[name] = [launched, float("inf")]
-            actor = WorkerActor.options(**options).remote(self._spec_for(name))
-            pending.append((name, actor, actor.info.remote()))
+        for kind, count in counts.items():
+            for _ in range(count):
+                if self._stopping:
+                    break
+                pending.append((kind, *self._launch(kind, node_id, launched)))
         handles = []
-        for name, actor, info_ref in pending:
+        for kind, name, actor, info_ref in pending:
             try:
-                info = self._await_boot(info_ref)
+                info = self._await_boot(name, info_ref)
             except Exception as e:
                 self._ended(name)
                 if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
@@ -128,11 +119,31 @@ class Fleet:
                                   info.fingerprint, info.checksum, launched=launched)
             if self.manager.add_worker(handle):
                 handles.append(handle)
+                if kind == PREEMPTIBLE:
+                    self.joins += 1
             else:
                 self._ended(name)
-        if kind == PREEMPTIBLE:
-            self.joins += len(handles)
         return handles
+
+    def _launch(self, kind: str, node_id: str | None, launched: float) -> tuple[str, object, object]:
+        """Create one worker's actor (and, for an instance on a node of its own, the node): its name, the
+        actor and the reference its boot answers on."""
+        with self._lock:
+            self._counter += 1
+            name = f"{kind[:4]}-{self._counter}"
+        options: dict = {"num_cpus": 0, "max_concurrency": 8, "name": None}
+        if node_id is not None:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+        elif kind == PREEMPTIBLE and self.cluster.local_nodes:
+            self.nodes[name] = self._start_node(name)
+            options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
+        else:
+            options["resources"] = {kind: 1}
+        options = self._with_gpus(name, kind, options, node_id)
+        if kind == PREEMPTIBLE:
+            self.lifetimes[name] = [launched, float("inf")]
+        actor = WorkerActor.options(**options).remote(self._spec_for(name))
+        return name, actor, actor.info.remote()
 
     def launch(self, count: int, node_id: str | None = None,
                on_boot: Callable[[str | None], None] = lambda error: None) -> None:
@@ -299,8 +310,8 @@ class Fleet:
             for node in self.nodes.values():
                 self.cluster.end_node(node)
 
-    def _await_boot(self, info_ref):
-        """A booting worker's info; gives up at call_timeout_s, or at once when the fleet stops."""
+    def _await_boot(self, name: str, info_ref):
+        """Booting worker `name`'s info; gives up at call_timeout_s, or at once when the fleet stops."""
         deadline = time.monotonic() + self.cfg.call_timeout_s
         while not ray.wait([info_ref], timeout=0.2)[0]:
             if self._stopping:

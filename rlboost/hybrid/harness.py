@@ -98,8 +98,8 @@ def start_fleet(hybrid: HybridConfig, spec: WorkerSpec, state: dict, cluster: Cl
         raise
     try:
         fleet.publish(state, version=0)
-        fleet.start(RESERVED, hybrid.num_reserved)
-        fleet.start(PREEMPTIBLE, hybrid.num_preemptible if preemptible is None else preemptible)
+        fleet.start_pool({RESERVED: hybrid.num_reserved,
+                          PREEMPTIBLE: hybrid.num_preemptible if preemptible is None else preemptible})
         fleet.wait_ready(timeout_s=patience(boot_s))
     except BaseException:
         fleet.shutdown()

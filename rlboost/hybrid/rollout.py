@@ -51,9 +51,9 @@ class HybridRollout:
         self.fleet = Fleet(cfg, spec, self.manager, cluster)
         try:
             self.fleet.publish(weights, version)
-            self.fleet.start(RESERVED, cfg.num_reserved)
-            if cfg.provider == "fixed":  # a known pool: have it ready for the first step
-                self.fleet.start(PREEMPTIBLE, cfg.num_preemptible)
+            # a known pool (the fixed provider's) is ready for the first step, booting beside the reserved workers
+            pool = {RESERVED: cfg.num_reserved, PREEMPTIBLE: cfg.num_preemptible if cfg.provider == "fixed" else 0}
+            self.fleet.start_pool(pool)
             self.fleet.wait_ready()
         except BaseException:
             self.fleet.shutdown()
