@@ -197,3 +197,52 @@ def test_the_metrics_are_read_from_the_report_alone():
     advised = step_metrics(report, outcome(), seed_window_s=2.0, cap=None, preemption_rate=0.0, weight_bytes=0,
                            reserved_tokens_per_s=0.0, advised_cap=0)  # a cap not enforced (the showcase)
     assert advised["spot/cap_advised"] == 0.0 and "spot/cap" not in advised and "spot/cap_advised" not in m
+
+
+# ---- who owns the workers during a step ---------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["after the loop took the workers", "before the loop took them"])
+def test_a_stop_landing_in_start_step_leaves_the_workers_owned_once_and_released_once(where, monkeypatch):
+    """A stop signal raises in the driver wherever it is, here inside `start_step`, once the loop thread
+    has started. The loop alone takes the table's `owner` and releases it once, however the step ends:
+    the driver's unwinding never releases it under the loop (the "release unlocked lock" traceback of a
+    Ctrl-C), and `cancel_step` finds and ends the step the driver never got back."""
+    import threading
+
+    from rlboost.cluster.config import WeightsConfig
+    from rlboost.engine.sampling_params import SamplingParams
+    from rlboost.hybrid.config import HybridConfig
+    from rlboost.hybrid.manager import RolloutManager
+    from rlboost.hybrid.step_run import StepRun
+    from rlboost.rollout import new_groups
+    from rlboost.stopping import StopRequested
+
+    class Row:
+        data_source, ground_truth, extra_info = "test", None, {}
+
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    start = StepRun.start
+
+    def interrupted(run):
+        if where == "before the loop took them":
+            run.table.owner.acquire()  # the driver's last call between steps still holds it
+            run.thread.start()
+            run.table.owner.release()
+        else:
+            start(run)
+        raise StopRequested(2)  # the signal lands before start_step returns
+
+    monkeypatch.setattr(StepRun, "start", interrupted)
+    manager = RolloutManager(HybridConfig(), WeightsConfig())  # no worker: the step waits for one
+    with pytest.raises(StopRequested):
+        manager.start_step(new_groups(1, [(0, [5, 6], Row())], 2, run_seed=0), SamplingParams(), 0, None)
+    run = manager.current
+    assert run is not None and run.thread.is_alive()
+    manager.cancel_step()  # what a stop's cleanup does
+    assert not run.thread.is_alive() and manager.current is None
+    assert errors == []  # no thread died releasing a lock it did not hold
+    assert manager.table.owner.acquire(blocking=False)  # released, and only once
+    manager.table.owner.release()
+    with pytest.raises(RuntimeError, match="rollout cancelled"):
+        list(run.groups())

@@ -40,7 +40,7 @@ class Liveness:
                 dead.append((h, f"no sign of life for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)"))
             elif h.ping is None and now - h.last_report > self.interval_s:
                 h.ping = Call(h.actor.ping.remote(), now)
-        if now - self._last_node_check >= self.node_check_s:
+        if live and now - self._last_node_check >= self.node_check_s:  # no worker, no node to look for
             self._last_node_check = now
             nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
             gone = {id(h) for h, _ in dead}

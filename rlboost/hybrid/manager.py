@@ -8,7 +8,8 @@ Contract (DESIGN.md 2.3, 2.5 and the invariants of section 3):
   (the next step starts with them), the others pull it in the background.
 - `start_step(...)` runs one step's rollout (`rlboost.hybrid.step_run.StepRun`): a thread drives the
   step's `StepState` (rlboost.rollout.step_state), which takes every decision; the Ray side only turns
-  reports, answers and deaths into its events and carries out its commands.
+  reports, answers and deaths into its events and carries out its commands. That thread takes the
+  table's `owner` itself and releases it itself; `cancel_step` (a stop, `shutdown`) ends it.
 - `table.notice` (a preemption warning), `table.release` (an instance given back beyond the cap) and
   `table.fence` (declare dead) may come from any thread; a worker declared dead never contributes again
   (invariant 6).
@@ -46,6 +47,8 @@ class RolloutManager:
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
+        self.current = None
+        """The last step started (a `StepRun`), until `cancel_step`."""
 
     @property
     def manifest(self) -> WeightManifest | None:
@@ -115,26 +118,28 @@ class RolloutManager:
                    history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
                    sibling_tokens_per_step: int = 0):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
-        until the step ends. `seed_window_s=None`: every worker generates to the end (evaluation).
-        `outlook`: the offload controller's, for the no-regret hand-off (None: at the window's end).
+        from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
+        every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
+        no-regret hand-off (None: at the window's end).
         `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
-        table = self.table
-        table.owner.acquire()
-        try:
-            table.apply_inbox(time.monotonic())
-            policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
-            run = StepRun(table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
-                          history, sibling_tokens_per_step)
-            run.thread.start()
-        except BaseException:
-            table.listen(None)
-            table.owner.release()
-            raise
+        policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
+        run = StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
+                      history, sibling_tokens_per_step)
+        self.current = run  # before it starts: whoever ends the run (`cancel_step`) finds it, however this returns
+        run.start()
         return run
 
+    def cancel_step(self) -> None:
+        """End the step under way, if any, and wait for its loop (a stop, a shutdown): the loop releases
+        the workers itself. Any thread; a second call does nothing."""
+        run, self.current = self.current, None
+        if run is not None:
+            run.cancel()
+
     def shutdown(self) -> None:
+        self.cancel_step()
         self.reader.pause()
         self.table.shutdown()
 

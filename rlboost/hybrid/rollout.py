@@ -198,6 +198,5 @@ class HybridRollout:
 
     def close(self) -> None:
         self.provider.stop()
-        if self.run is not None:
-            self.run.cancel()
+        self.manager.cancel_step()  # the step under way, also one whose start a stop interrupted
         self.fleet.shutdown()

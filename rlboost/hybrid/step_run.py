@@ -71,9 +71,9 @@ class StepRun:
                  cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
                  seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None,
                  sibling_tokens_per_step: int = 0):
-        """Called by the thread that holds `table.owner`: the loop thread releases it when the step ends.
-        `sibling_tokens_per_step` > 0: forward each worker the tokens of its groups' samples running
-        elsewhere, up to that many per worker (`rlboost.hybrid.sibling_relay`)."""
+        """The step, not started: building it changes nothing of the table's. `start()` hands it the
+        workers. `sibling_tokens_per_step` > 0: forward each worker the tokens of its groups' samples
+        running elsewhere, up to that many per worker (`rlboost.hybrid.sibling_relay`)."""
         self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
         self.groups_by_index = {g.index: g for g in groups}
@@ -104,7 +104,22 @@ class StepRun:
         self._next_housekeeping = 0.0
         self._cancelled = threading.Event()
         self._window_ended = threading.Event()
+        self._owning = threading.Event()
         self.thread = threading.Thread(target=self._run, name="rollout-manager", daemon=True)
+
+    def start(self) -> None:
+        """Start the loop thread and return once it owns the workers (`table.owner`, taken when the
+        driver's calls between steps are done). From then on the loop alone holds `owner`, and releases it
+        exactly once, when the step ends however it ends (done, failed or cancelled): an interruption of
+        the caller (a stop signal) cannot release it under the loop, nor leave it held."""
+        self.thread.start()
+        self._owning.wait()
+
+    def _take_over(self) -> None:
+        """The loop thread, holding `owner`: what changed between steps, then every live worker joins the
+        step and the table tells the step of every change from now on."""
+        table = self.table
+        table.apply_inbox(time.monotonic())
         for h in table.alive():
             # nobody reads the streams between steps: silence is measured from the step's start
             h.last_report = max(h.last_report, self.t0)
@@ -230,36 +245,40 @@ class StepRun:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         state = self.state
-        self._reader.run()
-        try:
-            while True:
-                if self._cancelled.is_set():
-                    raise RuntimeError("rollout cancelled")
-                turn_cpu = time.thread_time()
-                now = time.monotonic()
-                self.table.apply_inbox(now)
-                if now >= self._next_housekeeping:
-                    self._next_housekeeping = now + HOUSEKEEPING_S
-                    self._housekeeping(now)
-                if self._window_ended.is_set():
-                    state.end_window(now)
-                self._execute(state.decide(now))
-                if state.done:
-                    break
-                self._receive()
-                self._collect_answers()
-                if self.siblings is not None:
-                    self.siblings.relay(state.tracked, self.table.get)
-                self._execute(state.take_commands())  # finished groups go to the trainer at once
-                self._reader.turn_s = self._pacer.gap(time.thread_time() - turn_cpu)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
-            self._out.put(e)
-        finally:
-            reader_cpu_s = self._reader.pause()
-            self._release_reserved()
-            self.table.listen(None)
-            self.table.owner.release()
-            self.loop_cpu_s = time.thread_time() - cpu0 + reader_cpu_s
+        reader_cpu_s = 0.0
+        with self.table.owner:  # the step's, from its first turn to its end: released here and nowhere else
+            try:
+                self._take_over()
+                self._owning.set()
+                self._reader.run()
+                while True:
+                    if self._cancelled.is_set():
+                        raise RuntimeError("rollout cancelled")
+                    turn_cpu = time.thread_time()
+                    now = time.monotonic()
+                    self.table.apply_inbox(now)
+                    if now >= self._next_housekeeping:
+                        self._next_housekeeping = now + HOUSEKEEPING_S
+                        self._housekeeping(now)
+                    if self._window_ended.is_set():
+                        state.end_window(now)
+                    self._execute(state.decide(now))
+                    if state.done:
+                        break
+                    self._receive()
+                    self._collect_answers()
+                    if self.siblings is not None:
+                        self.siblings.relay(state.tracked, self.table.get)
+                    self._execute(state.take_commands())  # finished groups go to the trainer at once
+                    self._reader.turn_s = self._pacer.gap(time.thread_time() - turn_cpu)
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
+                self._out.put(e)
+            finally:
+                self._owning.set()  # also when taking over failed: start() returns, groups() raises
+                reader_cpu_s = self._reader.pause()
+                self._release_reserved()
+                self.table.listen(None)
+        self.loop_cpu_s = time.thread_time() - cpu0 + reader_cpu_s
 
     def _housekeeping(self, now: float) -> None:
         table = self.table

@@ -22,8 +22,10 @@ Threads, and who may change what:
                                                                           liveness, drives the StepState
            \\____________ whoever holds `owner` applies the inbox _______________/
 
-`owner` is held by the driver's calls between steps and handed to the loop thread for a whole step,
-so exactly one thread changes handles at any time. The `workers` dict itself is guarded by `lock`.
+`owner` is held by the driver's calls between steps (each in a `with`) and taken by the step's loop
+thread itself for the whole step, which releases it when the step ends, however it ends: each holder
+takes it and releases it in one place, so exactly one thread changes handles at any time and a stop
+landing anywhere cannot release it twice. The `workers` dict itself is guarded by `lock`.
 """
 
 from __future__ import annotations
