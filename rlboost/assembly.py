@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -83,22 +84,24 @@ class RunParts:
             self.scorer.close()
 
 
-def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None = None) -> RunParts:
+def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None = None,
+          on_head_lost: Callable[[str], None] | None = None) -> RunParts:
     """Check every input, build engine and trainer, and restore the latest checkpoint if resuming.
-    `run_dir`: the run folder (default: where `run` config puts it)."""
+    `run_dir`: the run folder (default: where `run` config puts it). `on_head_lost(cause)`: called once,
+    from a thread of its own, if the Ray head the run started dies under it (`Cluster.watch_head`)."""
     validate(cfg)
     # The reward workers load the reward function (a set-up error if they cannot) before Ray starts;
     # they never get its token either way (rlboost.rewards.pool).
     scorer = RewardScorer.start(cfg.reward)
     try:
-        return build(cfg, config_path, run_dir, scorer)
+        return build(cfg, config_path, run_dir, scorer, on_head_lost)
     except BaseException:
         scorer.close()
         raise
 
 
 def build(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None,
-          scorer: RewardScorer) -> RunParts:
+          scorer: RewardScorer, on_head_lost: Callable[[str], None] | None = None) -> RunParts:
     """`setup` past the reward workers: data, model, Ray, trainer, rollout, the restored checkpoint."""
     train_rows, val_rows = load_datasets(cfg.data)
     policy = load_model(cfg.model)
@@ -116,6 +119,8 @@ def build(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | No
     cluster = start_cluster(cfg)
     trainer = rollout = None
     try:
+        if cluster is not None and on_head_lost is not None:
+            cluster.watch_head(on_head_lost)
         place_gpus(cfg, cluster)
         check_model_on_nodes(cfg, cluster)
         if cfg.trainer.world_size > 1:

@@ -239,7 +239,7 @@ def _train(args: argparse.Namespace) -> int:
     from rlboost.configs import SHOWCASE
     from rlboost.rollout.step_data import StepError
     from rlboost.run_dir import run_folder
-    from rlboost.stopping import EXIT_STATUS, StopRequested
+    from rlboost.stopping import StopRequested
     from rlboost.train import RUN_LOG, train
 
     config, overrides = args.config, list(args.overrides)
@@ -263,11 +263,11 @@ def _train(args: argparse.Namespace) -> int:
         return f"{kept}.\nresume with:  {' '.join(command)}\n(log: {Path(cfg.run.output_dir) / RUN_LOG})"
 
     try:
-        run_dir = train(cfg, config, console)
+        run_dir = train(cfg, config, console, resume_hint=how_to_resume)
     except StopRequested as stop:
         console.print(f"{stop}: the step under way was abandoned and every worker shut down; {how_to_resume()}",
                       markup=False, highlight=False, soft_wrap=True)
-        return EXIT_STATUS
+        return stop.exit_status
     except StepError as e:  # a step that cannot finish (no rollout worker left): the run stopped at it
         console.print(f"[red]error:[/red] the step could not finish: {e}", markup=True, highlight=False,
                       soft_wrap=True)

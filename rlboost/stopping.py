@@ -4,9 +4,11 @@ Contract: inside `StopOnSignal()`, the first signal raises `StopRequested` in th
 is (Python runs signal handlers there, between bytecodes: a blocked queue read or a sleeping reward
 function is interrupted too), unless a section that must not be cut (`held()`: writing a checkpoint or
 a step's metrics) is running, in which case it is raised when that section ends. The caller's cleanup
-then runs (abort the rollout, shut Ray down); the last checkpoint on disk is whole. A second signal
-ends the process at once with exit status 130, cleanup or not. Outside the main thread it does
-nothing (a library caller keeps its own signal handling).
+then runs (abort the rollout, shut Ray down); the last checkpoint on disk is whole, and the command
+exits with the shell's status for the signal (`exit_status`: 130 for SIGINT, 143 for SIGTERM). A
+second signal ends the process at once, cleanup or not: every process it started (Ray's, the workers)
+is killed first, so nothing outlives it. Outside the main thread it does nothing (a library caller
+keeps its own signal handling).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_STATUS = 130
-"""What a shell reports for a process ended by Ctrl-C (128 + SIGINT); used for SIGTERM too."""
+
+
+def exit_status(signum: int) -> int:
+    """What a shell reports for a process ended by signal `signum`: 128 + its number (130: Ctrl-C's
+    SIGINT, 143: SIGTERM)."""
+    return 128 + signum
 
 
 class StopRequested(BaseException):
@@ -28,6 +34,7 @@ class StopRequested(BaseException):
 
     def __init__(self, signum: int):
         self.signal_name = signal.Signals(signum).name
+        self.exit_status = exit_status(signum)
         super().__init__(f"stopped by {self.signal_name}")
 
 
@@ -67,11 +74,26 @@ class StopOnSignal:
             raise StopRequested(self.received)
 
     def _handle(self, signum: int, frame: object) -> None:
-        if self.received is not None:
-            os._exit(EXIT_STATUS)  # the second signal: now, whatever is still cleaning up
+        if self.received is not None:  # the second signal: now, whatever is still cleaning up
+            end_now(exit_status(signum))
         self.received = signum
         if self._held == 0:
             raise StopRequested(signum)
 
 
-__all__ = ["EXIT_STATUS", "StopOnSignal", "StopRequested"]
+def end_now(status: int) -> None:
+    """End this process at once with `status`, after a SIGKILL to every process it started (Ray's head,
+    its workers, local nodes): none is left behind, and nothing runs that could print a traceback."""
+    try:
+        import psutil
+
+        for child in psutil.Process().children(recursive=True):
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+    finally:
+        os._exit(status)
+
+
+__all__ = ["StopOnSignal", "StopRequested", "end_now", "exit_status"]

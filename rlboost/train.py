@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -32,21 +34,32 @@ from rlboost.rollout import Group, new_groups
 from rlboost.run_dir import run_folder
 from rlboost.run_log import run_log
 from rlboost.spot import CostMeter
-from rlboost.stopping import StopOnSignal
+from rlboost.stopping import StopOnSignal, end_now
 from rlboost.tracking import MetricsTracker
 
 RUN_LOG = "run.log"
 
 
-def train(cfg: RLBoostConfig, config_path: str | Path | None = None, console: Console | None = None) -> Path:
+def train(cfg: RLBoostConfig, config_path: str | Path | None = None, console: Console | None = None,
+          resume_hint: Callable[[], str] | None = None) -> Path:
     """Run GRPO as configured; returns the run folder. Its log (`run.log`) gets every message, Ray's
     included; `console` gets one line per event (an instance preempted, joined) and the progress.
     Inside the main thread the first SIGINT / SIGTERM stops the run at a safe point: StopRequested
-    is raised once the rollout is aborted and Ray is shut down; the checkpoints on disk are whole."""
+    is raised once the rollout is aborted and Ray is shut down; the checkpoints on disk are whole.
+    If the run's Ray head dies under it, the run ends at once with status 2 and one error line naming
+    the cause (`resume_hint()` appended: how to resume), every process it started ended."""
     run_dir = run_folder(cfg.run, config_path)
+
+    def head_lost(cause: str) -> None:  # from the cluster's watch thread: no Ray call can be trusted now
+        hint = f"; {resume_hint()}" if resume_hint is not None else ""
+        logging.getLogger("rlboost").error("error: the run's Ray head was lost: %s; every process of the run "
+                                           "was ended%s", cause, hint)
+        sys.stdout.flush()
+        end_now(2)
+
     with run_log(run_dir / RUN_LOG, console), StopOnSignal() as stop:
-        run = Run(**vars(setup(cfg, config_path, run_dir)))
-        stop.install()  # again: starting Ray replaced the SIGTERM handler
+        # the run's Ray keeps these signal handlers (`rlboost.cluster.ray_cluster.signals_kept`)
+        run = Run(**vars(setup(cfg, config_path, run_dir, on_head_lost=head_lost)))
         try:
             train_loop(cfg, run, stop)
         finally:

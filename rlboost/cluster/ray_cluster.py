@@ -28,14 +28,22 @@ Contract:
   run (this one and all it started) listens on loopback only, or `ExposedListenerError` names each one
   that does not and its address. A joined cluster (`ray_address`) and a room of hosts, whose nodes
   own addresses of their own, are not local in this sense.
+- `watch_head(on_lost)`: a local head's GCS or raylet that ends under the run is reported once, with
+  its cause, from a thread of its own (the run then ends, saying so).
+- Starting Ray never takes the process's signal handlers (`signals_kept`: Ray's `init` installs a
+  SIGTERM handler of its own in the driver); a stop while Ray starts ends whatever of it started.
 - `shutdown()` disconnects from Ray and stops the local cluster it started; the users (the fleet, the
   trainer ranks) end their actors and nodes first and never shut Ray down themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import signal
+import threading
+from collections.abc import Callable
 
 import ray
 
@@ -46,6 +54,7 @@ from rlboost.cluster.placement import ReservedGpus
 from rlboost.cluster.ray_setup import (check_listeners, kill_node_process, node_process_argv, route_ray_messages,
                                        start_local_cluster, start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
+from rlboost.stopping import StopRequested
 
 
 def _call(fn):
@@ -59,6 +68,26 @@ FAST_NODE_HEALTH = {"health_check_period_ms": 500, "health_check_timeout_ms": 10
 the cluster's view of a vanished node within a few seconds, like a cloud's preemption signal (2.5-5 s
 here). Not faster: 3 misses of 300 ms let the GCS declare a healthy raylet dead while it started up
 on a loaded 2-core machine (a CI run beside a CPU hog), a preemption nobody made."""
+
+
+@contextlib.contextmanager
+def signals_kept():
+    """Ray's `init` installs a SIGTERM handler of its own in the driver (`sys.exit(15)`): the process
+    keeps its own instead (a run's clean stop, `rlboost.stopping`), restored as soon as Ray is up. A
+    SIGTERM that lands while Ray starts meets Ray's handler: its exit becomes the stop it was meant as."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    except SystemExit as e:
+        if e.code != signal.SIGTERM:
+            raise
+        raise StopRequested(signal.SIGTERM) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 class Cluster:
@@ -78,18 +107,28 @@ class Cluster:
         self._free_hosts: list[HostSpec] = []
         self.reserved_gpus: ReservedGpus | None = None
         """The reserved GPUs the reserved rollout workers and the trainer ranks share (`place_reserved_gpus`)."""
+        self._watching: threading.Event | None = None
+        """Set to stop watching the head (`watch_head`): an orderly shutdown is no loss."""
         cpus = num_cpus or os.cpu_count() or 1
-        if instances == "hosts":
-            self._start_hosts(cfg)
-        elif cfg.ray_address:
-            check_joinable(cfg)
-            route_ray_messages()
-            ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
-        elif instances == "nodes":
-            self.head = start_local_cluster(cfg.ray, {RESERVED: MANY}, cpus, FAST_NODE_HEALTH)
-        else:
-            offered = {RESERVED: MANY} | ({PREEMPTIBLE: MANY} if instances == "processes" else {})
-            start_local_ray(cfg.ray, offered, cpus, num_gpus)
+        try:
+            self._start(cfg, instances, cpus, num_gpus)
+        except BaseException:  # a stop or a failure while Ray starts: what of it started ends here
+            self.shutdown()
+            raise
+
+    def _start(self, cfg: ClusterConfig, instances: str | None, cpus: int, num_gpus: int | None) -> None:
+        with signals_kept():
+            if instances == "hosts":
+                self._start_hosts(cfg)
+            elif cfg.ray_address:
+                check_joinable(cfg)
+                route_ray_messages()
+                ray.init(address=cfg.ray_address, logging_level="ERROR", log_to_driver=False)
+            elif instances == "nodes":
+                self.head = start_local_cluster(cfg.ray, {RESERVED: MANY}, cpus, FAST_NODE_HEALTH)
+            else:
+                offered = {RESERVED: MANY} | ({PREEMPTIBLE: MANY} if instances == "processes" else {})
+                start_local_ray(cfg.ray, offered, cpus, num_gpus)
 
     @property
     def local_nodes(self) -> bool:
@@ -156,8 +195,36 @@ class Cluster:
         if not self.cfg.ray_address and self.room is None:
             check_listeners(self.cfg.ray)
 
+    def watch_head(self, on_lost: Callable[[str], None], period_s: float = 0.5) -> bool:
+        """Call `on_lost(cause)` once, from a thread of its own, if the Ray head this process started
+        loses its GCS or its raylet (killed, crashed, out of memory) while the run uses it: without them
+        every Ray call of the run would fail or hang, so the run must end, saying why. Returns whether
+        there is such a head to watch: a joined cluster's head lives elsewhere, and its loss reaches the
+        run as failed calls. `shutdown` stops the watch first."""
+        node = self.head.head_node if self.head is not None else ray._private.worker._global_node
+        if node is None or self.cfg.ray_address:
+            return False
+        watched = {name: infos[0].process for name in ("gcs_server", "raylet")
+                   if (infos := node.all_processes.get(name))}
+        stop = self._watching = threading.Event()
+
+        def watch() -> None:
+            while not stop.wait(period_s):
+                for name, process in watched.items():
+                    if process.poll() is not None and not stop.is_set():
+                        code = process.returncode
+                        how = (f"was killed by {signal.Signals(-code).name}" if code < 0 else
+                               f"exited with status {code}")
+                        on_lost(f"its {name} (pid {process.pid}) {how}")
+                        return
+
+        threading.Thread(target=watch, name="ray-head-watch", daemon=True).start()
+        return bool(watched)
+
     def shutdown(self) -> None:
         """Disconnect from Ray and stop the local cluster this run started, if any, and its hosts."""
+        if self._watching is not None:
+            self._watching.set()
         ray.shutdown()
         if self.head is not None:
             self.head.shutdown()
