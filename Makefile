@@ -24,9 +24,10 @@ OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYT
 # with a real kill and one room of hosts; `make test-e2e` the end-to-end runs; `make test-slow` the long checks.
 # Each says in one line what it left out and which command runs it.
 TEST_MARKS := not e2e and not slow and not bench
-# Two workers (pytest-xdist), each taking whole files (a module's shared fleet and Ray stay in one process);
-# PYTEST_WORKERS=0 runs in this process.
-PYTEST_WORKERS ?= 2
+# PYTEST_WORKERS=2: two workers (pytest-xdist), each taking whole files (a module's shared fleet and Ray stay in
+# one process). 0 (the default) runs in this process: on a quiet 2-core machine two workers take make test from
+# 7.1 to 5.4 min, but beside one busy process the two share the one core it leaves and are slower than one.
+PYTEST_WORKERS ?= 0
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: install install-vllm install-gpu install-browser demo test test-e2e test-slow test-vllm test-gpu bench \
