@@ -30,7 +30,7 @@ TEST_MARKS := not e2e and not slow and not bench
 PYTEST_WORKERS ?= 0
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: install install-vllm install-gpu install-browser demo test test-e2e test-slow test-vllm test-gpu bench \
+.PHONY: install install-vllm install-gpu install-browser demo test test-e2e test-slow test-vllm test-gpu gpu-check gpu-check-deps bench \
 	bench-vllm clean
 
 install: $(STAMP)
@@ -109,6 +109,26 @@ test-gpu:
 	mkdir -p outputs/bench
 	$(OFFLINE) $(GPU_PY) -m rlboost.cli bench engine --backends rlboost,vllm --device cuda --model smollm2 \
 		--batches 1,16 --prompt-len 32 --new-tokens 32 --repeats 2 --json outputs/bench/gpu_backends.json
+
+# The GPU check (rlboost/bench/gpu_check.py): decode, verify-step, trainer, weight-load and patch figures of random
+# models at real shapes, each beside its baseline, as one JSON; offline, with the machine's own Python (GPU_CHECK_PY,
+# CUDA torch + transformers: no Ray, OmegaConf or vLLM needed), under 8 minutes. GPU_CHECK_ARGS=--quick --device cpu
+# runs the CPU test's sizes. A machine without zstandard (the patch figures) gets it from .gpu-check/site, which
+# `make gpu-check-deps` fills here (with the registry) and which travels with the repository (carry it).
+GPU_CHECK_PY   ?= python3
+GPU_CHECK_JSON ?= outputs/gpu_check.json
+GPU_CHECK_ARGS ?=
+gpu-check:
+	site=$$($(GPU_CHECK_PY) -c "import zstandard" 2>/dev/null || echo ":$(CURDIR)/.gpu-check/site"); \
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH=$(CURDIR)$$site \
+		$(GPU_CHECK_PY) -m rlboost.bench.gpu_check --json $(GPU_CHECK_JSON) $(GPU_CHECK_ARGS)
+
+gpu-check-deps: $(STAMP)
+	rm -rf .gpu-check && mkdir -p .gpu-check/wheels .gpu-check/site
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
+		--platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .gpu-check/wheels zstandard
+	for wheel in .gpu-check/wheels/*.whl; do $(PY) -m zipfile -e $$wheel .gpu-check/site; done
+	rm -rf .gpu-check/wheels  # what travels is what is unpacked
 
 # The long checks `make test` leaves out for its time (marked `slow`: the runtime no-regret check); CI runs them.
 test-slow: $(STAMP)

@@ -13,14 +13,17 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from rich.table import Table
 
 from rlboost.bench import hardware
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.engine import resolve_device
 from rlboost.models import ModelConfig, load_model
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass
@@ -204,6 +207,8 @@ def bench_engine(cfg: EngineBenchConfig) -> dict:
 
 
 def render(result: dict) -> Table:
+    from rich.table import Table  # here, not above: the GPU check imports this module where rich is not installed
+
     if "backends" in result:
         from rlboost.bench import backends
 
