@@ -117,21 +117,8 @@ def random_model(shape: str, dtype: torch.dtype, device: torch.device, seed: int
     return model.eval()
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _median_time(fn, device: torch.device, iters: int) -> float:
-    fn()
-    _sync(device)
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.median(hardware.timings(fn, device, iters))
 
 
 def _weight_bytes(model) -> int:

@@ -14,16 +14,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _best_time(fn, device: torch.device, repeats: int) -> float:
+def timings(fn, device: torch.device, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `fn`, after one warm-up call, the device synchronised."""
     fn()
     _sync(device)
-    best = float("inf")
+    out = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         _sync(device)
-        best = min(best, time.perf_counter() - start)
-    return best
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def _best_time(fn, device: torch.device, repeats: int) -> float:
+    return min(timings(fn, device, repeats))
 
 
 def matmul_flops(device: torch.device, dtype: torch.dtype) -> float:
