@@ -30,6 +30,7 @@ from rlboost.cluster.manifest import WeightManifest
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
+from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.streams import ReportReader
 from rlboost.hybrid.worker_table import WorkerTable
@@ -98,14 +99,23 @@ class RolloutManager:
                 self.pulls.settle(table, time.monotonic())
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
-        """Until every live worker serves the current version (or was dropped)."""
+        """Until every live worker serves the current version (or was dropped). A worker that shows no
+        sign of life for `heartbeat_timeout_s` is dropped as a step would drop it (`Liveness`): a host
+        that vanished mid-pull holds the wait no longer than that, not until Ray finds its node gone."""
         limit = timeout_s or self.pulls.timeout_s
-        deadline = time.monotonic() + limit
+        start = time.monotonic()
+        deadline = start + limit
+        liveness = Liveness(self.cfg.heartbeat_interval_s, self.cfg.heartbeat_timeout_s)
         table = self.table
         with table.owner:
+            table.apply_inbox(start)
+            for h in table.alive():  # nobody reads the streams between steps: silence counts from here
+                h.last_report = max(h.last_report, start)
             while True:
                 now = time.monotonic()
                 table.apply_inbox(now)
+                for h, reason in liveness.check(table.alive(), now):
+                    table.declare_dead(h, reason, now)
                 self.pulls.settle(table, now)
                 if all(h.version == self.manifest.version and h.pull is None for h in table.alive()):
                     return
