@@ -234,7 +234,9 @@ def test_a_stop_landing_in_start_step_leaves_the_workers_owned_once_and_released
         raise StopRequested(2)  # the signal lands before start_step returns
 
     monkeypatch.setattr(StepRun, "start", interrupted)
-    manager = RolloutManager(HybridConfig(), WeightsConfig())  # no worker: the step waits for one
+    manager = RolloutManager(HybridConfig(), WeightsConfig())
+    manager.table.replacing = 1  # no worker, a reserved one booting: the step waits for it (with none coming
+    # it would fail at once, racing the cancel below for what `groups()` raises)
     with pytest.raises(StopRequested):
         manager.start_step(new_groups(1, [(0, [5, 6], Row())], 2, run_seed=0), SamplingParams(), 0, None)
     run = manager.current
