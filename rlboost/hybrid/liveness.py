@@ -1,6 +1,7 @@
 """Telling a dead or frozen worker from a busy one (DESIGN.md 2.2, invariants 6 and 7).
 
-Contract: `Liveness.check(handles, now)` returns (handle, reason) for every worker to declare dead: its
+Contract: `Liveness.watch_from(handles, now)` starts a watch (a step, a wait between steps);
+`Liveness.check(handles, now)` returns (handle, reason) for every worker to declare dead: its
 Ray node left the cluster (checked every `node_check_s`), a liveness ping failed, or it showed no sign
 of life (a report, or an answered ping) for `heartbeat_timeout_s`. A stream that has been quiet for
 `heartbeat_interval_s` gets a ping, which another thread of the worker answers even during a long
@@ -15,10 +16,28 @@ from rlboost.hybrid.handles import Call, WorkerHandle, first_line
 NODE_CHECK_S = 1.0
 
 
+def _ray():
+    import ray  # only where a worker exists: a step with none (the Ray-free tests) never loads it
+
+    return ray
+
+
 class Liveness:
     def __init__(self, heartbeat_interval_s: float, heartbeat_timeout_s: float, node_check_s: float = NODE_CHECK_S):
         self.interval_s, self.timeout_s, self.node_check_s = heartbeat_interval_s, heartbeat_timeout_s, node_check_s
         self._last_node_check = 0.0
+
+    def watch_from(self, handles: list[WorkerHandle], now: float) -> None:
+        """A watch begins at `now` (a step, or a wait between steps): nobody read the streams since the
+        last one ended, so a worker's silence counts from `now`; except that of a worker whose ping is
+        still unanswered, which has been silent since that ping was sent (a healthy worker answers in
+        milliseconds). Without that exception a worker that vanished while idle would be found only by
+        a watch longer than `heartbeat_timeout_s`, and a run of short steps would never find it."""
+        pings = [h.ping.ref for h in handles if h.ping is not None]
+        answered = set(_ray().wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
+        for h in handles:
+            unanswered = h.ping is not None and h.ping.ref not in answered
+            h.last_report = max(h.last_report, h.ping.sent if unanswered else now)
 
     def check(self, handles: list[WorkerHandle], now: float) -> list[tuple[WorkerHandle, str]]:
         import ray

@@ -120,9 +120,8 @@ class StepRun:
         step and the table tells the step of every change from now on."""
         table = self.table
         table.apply_inbox(time.monotonic())
+        self._liveness.watch_from(table.alive(), self.t0)
         for h in table.alive():
-            # nobody reads the streams between steps: silence is measured from the step's start
-            h.last_report = max(h.last_report, self.t0)
             self.joined(h, self.t0)
         self.state.replacing(table.replacing)  # booting since the step before
         table.listen(self)
