@@ -311,3 +311,23 @@ def test_histospec_drafters_end_to_end_change_no_token(drafter, mode):
         assert stats.accepted / stats.drafted > 0.9 and stats.decode_steps < 0.4 * (48 - 1), stats
     else:
         assert stats.accepted < stats.drafted, stats  # drafts past the first half were rejected
+
+
+def test_a_verify_curve_prior_reaches_the_budget_and_changes_no_token(tmp_path):
+    """`engine.spec_verify_curve`: the engine's budget takes the curve as its prior (the cut it makes
+    from it: tests/test_policies.py), the output is still plain decoding's, and a curve the file does
+    not have is refused by the config's check."""
+    import json
+
+    curve = tmp_path / "gpu_check.json"
+    curve.write_text(json.dumps({"shapes": [{"shape": "tiny", "verify": [
+        {"batch": 1, "positions": [1, 2, 4, 8], "relative": [1.0, 1.5, 2.5, 4.5]}]}]}))
+    prompts = random_prompts([5, 9], seed=1)
+    params = SamplingParams(temperature=1.0, max_tokens=30, ignore_eos=True)
+    plain = generate(make_engine("llama"), prompts, params)
+    engine = make_engine("llama", spec_max_batch=8, spec_verify_curve=f"{curve}:tiny")
+    assert engine.spec_budget.prior.relative(1, 8) == 4.5
+    engine.drafter = ScriptedDrafter({tuple(p): c.token_ids for p, c in zip(prompts, plain)}, length=8)
+    assert_plain_output(plain, generate(engine, prompts, params))
+    with pytest.raises(ValueError, match="engine.spec_verify_curve=.*no verify curve for shape 'qwen'"):
+        EngineConfig(spec_verify_curve=f"{curve}:qwen").validate()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 from dataclasses import replace
@@ -423,3 +424,71 @@ def test_spec_budget_drafts_where_the_best_cut_of_typical_drafts_saves_time():
         assert budget.speculate(8)  # its first eligible step: a retry (then every 400th; plain every 100th)
         decisions = [budget.speculate(8) for _ in range(30)]
         assert set(decisions) == {drafts}, (acceptance, decisions)
+
+
+# --- the verify curve as the budget's prior -----------------------------------------------------------------
+
+from rlboost.policies.verify_curve import VerifyCurve, load_verify_curve  # noqa: E402
+
+GPU_LIKE = [{"batch": 1, "positions": [1, 2, 4, 8], "relative": [1.0, 1.01, 1.02, 1.05]},
+            {"batch": 8, "positions": [1, 2, 4, 8], "relative": [1.0, 1.05, 1.2, 1.6]},
+            {"batch": 64, "positions": [1, 2, 4, 8], "relative": [1.02, 1.6, 3.0, 6.0]}]
+"""A memory-bound card's shape of curve: near-free positions at batch 1, dear ones at 64."""
+
+
+def test_a_verify_curve_interpolates_in_log_batch_and_in_positions_and_holds_outside():
+    curve = VerifyCurve.from_rows(GPU_LIKE)
+    assert curve.relative(8, 4) == 1.2 and curve.relative(1, 3) == pytest.approx(1.015)
+    assert curve.relative(64, 16) == 6.0 and curve.relative(128, 8) == 6.0 and curve.relative(8, 1) == 1.0
+    assert curve.relative(2, 8) == pytest.approx(1.05 + (1.6 - 1.05) / 3)  # log2(2) of log2(8)
+    assert curve.relative(16, 4) == pytest.approx(1.2 + (3.0 - 1.2) / 3)  # log2(16/8) of log2(64/8)
+    assert curve.positions(5) == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="batch 8, n=2: relative cost nan"):
+        VerifyCurve.from_rows([{"batch": 8, "positions": [1, 2], "relative": [1.0, float("nan")]}])
+    with pytest.raises(ValueError, match="differ in length"):
+        VerifyCurve.from_rows([{"batch": 8, "positions": [1, 2], "relative": [1.0]}])
+
+
+def test_the_verify_curve_loads_from_a_gpu_check_json_by_shape_and_names_what_is_missing(tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"shapes": [{"shape": "tiny", "verify": []},
+                                           {"shape": "qwen2.5-0.5b", "verify": GPU_LIKE}]}))
+    assert load_verify_curve(str(path)).relative(64, 8) == 6.0  # the first shape with a curve
+    assert load_verify_curve(f"{path}:qwen2.5-0.5b").source == f"{path}:qwen2.5-0.5b"
+    with pytest.raises(ValueError, match=r"no verify curve for shape 'smollm2-135m' .*shapes with one: qwen2.5-0.5b"):
+        load_verify_curve(f"{path}:smollm2-135m")
+    with pytest.raises(ValueError, match="cannot read a JSON from /no/such.json"):
+        load_verify_curve("/no/such.json")
+
+
+def _measured_acceptance(budget: SpecBudget, acceptance: list[float]) -> SpecBudget:
+    for d in range(100):
+        budget.verified(len(acceptance), [i for i, p in enumerate(acceptance) if d < 100 * p])
+    return budget
+
+
+def test_the_curve_prior_sets_the_first_cut_before_any_verify_step_and_measurements_take_over():
+    """Without a prior a budget verifies whole drafts up to 32 positions until a verify step is timed.
+    With a curve it cuts from the first step as the curve prices positions: all 8 nodes at batch 8 on a
+    memory-bound card, where the rule of 32 positions stops at 4; 2 nodes at batch 1 on a CPU-like curve,
+    where the rule takes all 8. Measured verify steps then move the cut."""
+    acceptance = [0.9, 0.6, 0.3, 0.3, 0.2, 0.2, 0.1, 0.1]
+    cpu_like = VerifyCurve.from_rows([{"batch": 1, "positions": [1, 2, 4, 8], "relative": [1.0, 1.5, 2.5, 4.5]}])
+    for curve, batch, plain_s, with_prior, without in ((VerifyCurve.from_rows(GPU_LIKE), 8, 0.010, 8, 4),
+                                                       (cpu_like, 1, 0.030, 2, 8)):
+        budget = _measured_acceptance(SpecBudget(max_batch=64, probe_every=100, prior=curve), acceptance)
+        plain = _measured_acceptance(SpecBudget(max_batch=64, probe_every=100), acceptance)
+        for b in (budget, plain):
+            b.observe(batch, plain_s, batch, speculative=False)
+        # GPU, batch 8: (1.6 - 1) x 10 ms over 56 positions = 107 us each against 1.25 ms a token: every
+        # node above 9% acceptance pays. CPU, batch 1: 15 ms a position against 30 ms a token: above 50%
+        assert budget.nodes(batch, [8] * batch) == with_prior and plain.nodes(batch, [8] * batch) == without
+    # the curve was wrong for this machine: its verify steps at batch 1 measure nearly free; after some
+    # of them, whole drafts pay
+    budget = _measured_acceptance(SpecBudget(max_batch=64, probe_every=100, prior=cpu_like), acceptance)
+    budget.observe(1, 0.030, 1, speculative=False)
+    assert budget.nodes(1, [8]) == 2
+    for width in (2, 5, 9) * 4:
+        budget.observe(1, 0.030 + 0.0001 * (width - 1), 2, True, width - 1)
+    assert budget.nodes(1, [8]) == 8
+    assert budget.fresh().prior is cpu_like

@@ -267,6 +267,7 @@ def test_bad_input_is_a_clear_error_before_any_work(tmp_path, capsys):
         (["data.max_prompt_length=8"], "data.max_prompt_length=8"),
         (["rollout.mode=hybird"], "rollout.mode='hybird'"),
         (["reward.path=/no/such/reward.py"], "/no/such/reward.py"),
+        (["engine.spec_verify_curve=/no/such/gpu_check.json"], "cannot read a JSON from /no/such/gpu_check.json"),
         (["trainer.world_size=64"], "trainer.world_size=64 needs 64 CPU cores (one per rank)"),
         (["trainer.world_size=4", "trainer.shard_size=3"], "trainer.shard_size=3 must be 0"),
     ]

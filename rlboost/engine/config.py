@@ -63,6 +63,13 @@ class EngineConfig:
     requests: small batches are memory-bound, so verifying a few draft tokens costs about one step,
     while large ones are compute-bound and would pay for every rejected token. 0 turns it off."""
 
+    spec_verify_curve: str = ""
+    """A verify-cost curve as the speculation budget's prior: `PATH` or `PATH:SHAPE` of a `make gpu-check`
+    JSON (its `shapes[].verify` rows; the first shape with a curve unless SHAPE names one), readable by
+    every worker. Until verify steps are timed, the budget then cuts drafts by what the curve says a
+    position costs on that hardware, instead of verifying whole drafts up to 32 positions; what it
+    measures corrects it. Empty: no prior."""
+
     vllm_tensor_parallel_size: int = 1
     """vLLM only: GPUs one engine instance spans (tensor parallelism). A worker with more needs as many
     GPUs in its Ray resources."""
@@ -96,6 +103,13 @@ class EngineConfig:
         """The dtype engines serve in, for a model loaded in `model_dtype`."""
         return model_dtype if self.dtype == "auto" else self.dtype
 
+    def verify_curve(self):
+        """The speculation budget's prior (`spec_verify_curve`), or None; ValueError naming the file and
+        what is wrong."""
+        from rlboost.policies.verify_curve import load_verify_curve
+
+        return load_verify_curve(self.spec_verify_curve) if self.spec_verify_curve else None
+
     def validate(self) -> None:
         """Raise ValueError naming the first invalid field."""
         if self.dtype not in DTYPES:
@@ -115,5 +129,6 @@ class EngineConfig:
             raise ValueError(f"engine.stream_interval must be >= 1, got {self.stream_interval}")
         if self.spec_max_batch < 0:
             raise ValueError(f"engine.spec_max_batch must be >= 0, got {self.spec_max_batch}")
+        self.verify_curve()  # a curve that cannot be read fails here, before anything starts
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"engine.cpu_linear must be one of {', '.join(CPU_LINEARS)}, got {self.cpu_linear!r}")

@@ -86,7 +86,7 @@ class LLMEngine:
         self.asleep = False
         self.drafter = drafter
         self.spec_stats = SpecStats()
-        self.spec_budget = SpecBudget(config.spec_max_batch)
+        self.spec_budget = SpecBudget(config.spec_max_batch, prior=config.verify_curve())
         self.last_step: tuple[int, bool] = (0, False)
         """(requests in the last step, whether it was a prefill): lets a worker profile decode speed."""
         self.last_decode_steps = 1

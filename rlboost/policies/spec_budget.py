@@ -28,6 +28,9 @@ step; one that verifies ragged drafts (vLLM: `ragged=True`) only for the drafts 
 Once an engine reports these costs, whether a step drafts at all follows the same sum over the
 drafts steps have typically had (the share of requests with an i-th node), not the per-token time
 of past verify steps, which whole drafts verified before any cut was possible would set.
+A verify curve (`prior`, e.g. from `make gpu-check`) seeds a batch size's cost fit once its plain step
+is measured, so the first cuts weigh drafts by the hardware's curve rather than `FIRST_POSITIONS`; the
+steps measured after correct it, and it fades as they come.
 Pure: the engine passes the times in.
 """
 
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+
+from rlboost.policies.verify_curve import VerifyCurve
 
 
 NODE_MEMORY = 2000
@@ -54,9 +59,10 @@ class LineFit:
         self.forget = forget
         self._sums = [0.0] * 5  # weights, x, y, x*x, x*y
 
-    def add(self, x: float, y: float) -> None:
+    def add(self, x: float, y: float, weight: float = 1.0) -> None:
+        """One observation (`weight`: as many as that; the prior's points weigh less than one)."""
         f = self.forget
-        self._sums = [f * old + new for old, new in zip(self._sums, (1.0, x, y, x * x, x * y))]
+        self._sums = [f * old + weight * new for old, new in zip(self._sums, (1.0, x, y, x * x, x * y))]
 
     def line(self) -> tuple[float, float] | None:
         """(intercept, slope >= 0), or None before two observations. Where x hardly varied the
@@ -74,14 +80,23 @@ class LineFit:
         return 0.0, max(sy, 0.0) / sx
 
 
+PRIOR_WEIGHT = 3.0
+"""Observations the verify curve's prior counts for, per batch size: measured verify steps outweigh it
+after a few, and it fades as they come (LineFit's forgetting)."""
+
+
 class SpecBudget:
-    def __init__(self, max_batch: int, probe_every: int = 8, smoothing: float = 0.3, ragged: bool = False):
+    def __init__(self, max_batch: int, probe_every: int = 8, smoothing: float = 0.3, ragged: bool = False,
+                 prior: VerifyCurve | None = None):
         if probe_every < 2:
             raise ValueError(f"probe_every must be >= 2, got {probe_every}")
         self.max_batch, self.probe_every, self.smoothing = max_batch, probe_every, smoothing
         self.ragged = ragged
         """Whether a verify step computes only its drafts' own positions (else every request's row is
         padded to the widest draft): what a cut node costs."""
+        self.prior = prior
+        """A verify curve (rlboost.policies.verify_curve) the cost fit of a batch size starts from, once
+        that batch's plain step is measured (its seconds scale the curve's ratios); None: no prior."""
         self._plain: dict[int, tuple[float, float]] = {}
         """Batch size -> moving averages of (seconds, emitted tokens) of plain decode steps."""
         self._spec: dict[int, tuple[float, float]] = {}
@@ -115,7 +130,7 @@ class SpecBudget:
 
     def fresh(self) -> SpecBudget:
         """A budget of the same settings that has measured nothing."""
-        return SpecBudget(self.max_batch, self.probe_every, self.smoothing, self.ragged)
+        return SpecBudget(self.max_batch, self.probe_every, self.smoothing, self.ragged, self.prior)
 
     def nodes(self, batch: int, sizes: Sequence[int]) -> int:
         """How many nodes of each of the step's drafts (their sizes `sizes`, one per request that has
@@ -186,6 +201,18 @@ class SpecBudget:
         a = self.smoothing
         table[batch] = (seconds, tokens) if old is None else (old[0] + a * (seconds - old[0]),
                                                               old[1] + a * (tokens - old[1]))
+        if not speculative and old is None and self.prior is not None and batch not in self._extra:
+            self._seed_from_prior(batch)
+
+    def _seed_from_prior(self, batch: int) -> None:
+        """The batch's cost fit starts from the verify curve: a verify step of n positions per request
+        costs plain x (relative(n) - 1) more, at (n - 1) positions per request beyond one (as many for
+        a ragged engine when every request drafts n - 1)."""
+        plain = self.plain_step_s(batch)
+        points = self.prior.positions(batch)
+        fit = self._extra.setdefault(batch, LineFit())
+        for n in points:
+            fit.add(batch * (n - 1), plain * (self.prior.relative(batch, n) - 1), PRIOR_WEIGHT / len(points))
 
     def per_token(self, batch: int, speculative: bool) -> float | None:
         """Measured seconds per emitted token of `batch`-request steps, verifying or plain (None: never
