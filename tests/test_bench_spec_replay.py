@@ -41,6 +41,19 @@ def test_record_then_replay_a_tiny_model(tmp_path, capsys):
     # the replay alone, from the command line
     assert main(["bench", "spec", "--replay", str(path), "--json", str(tmp_path / "out.json")]) == 0
     assert "accepted/verify" in capsys.readouterr().out
+    # with a verify curve: each row's speed-up at each batch, projected and said to be
+    curve = tmp_path / "gpu_check.json"
+    curve.write_text(json.dumps({"shapes": [{"shape": "tiny", "verify": [
+        {"batch": 1, "positions": [1, 9], "relative": [1.0, 1.0]}]}]}))  # free verification: speed-up = advance
+    assert main(["bench", "spec", "--replay", str(path), "--verify-curve", str(curve), "--batches", "1,8",
+                 "--json", str(tmp_path / "projected.json")]) == 0
+    out = capsys.readouterr().out
+    assert "projected b1" in out and "projected b8" in out and "a projection" in out and "not measured" in out
+    projected = json.loads((tmp_path / "projected.json").read_text())["replay"]
+    for r in projected:
+        assert r["projected_speedup"]["1"] == pytest.approx((r["accepted"] + r["steps"]) / r["steps"])
+    assert main(["bench", "spec", "--verify-curve", str(curve)]) == 2  # only a replay projects
+    assert "--verify-curve: only a replay" in capsys.readouterr().out
 
 
 def test_record_from_a_verl_dataset_with_the_built_in_reward(tmp_path, capsys):

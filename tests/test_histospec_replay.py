@@ -135,3 +135,30 @@ def test_a_draft_tree_accepts_the_branch_a_path_would_have_missed():
         steps=2, verifications=2, accepted=3)
     assert {k: rows[1, "suffix_tree"][k] for k in ("steps", "verifications", "drafted", "accepted")} == dict(
         steps=1, verifications=1, drafted=7, accepted=4)
+
+
+# ---- a replay's acceptance projected through a verify curve ---------------------------------------------
+
+def test_the_projection_prices_the_widest_draft_of_a_batch_and_the_tokens_each_step_advances():
+    from rlboost.histospec.projection import projected_speedup, step_cost
+    from rlboost.policies.verify_curve import VerifyCurve
+
+    flat = VerifyCurve.from_rows([{"batch": 1, "positions": [1, 9], "relative": [1.0, 1.0]}])  # verifying is free
+    steep = VerifyCurve.from_rows([{"batch": 1, "positions": [1, 9], "relative": [1.0, 5.0]}])  # 0.5 a position
+    half = {0: 5, 4: 5}  # half the rounds draft 4 tokens, half none
+    assert step_cost(half, 1, flat) == 1.0
+    assert step_cost(half, 1, steep) == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)  # n = 5: 1 + 0.5 x 4
+    assert step_cost(half, 2, steep) == pytest.approx(0.25 * 1.0 + 0.75 * 3.0)  # one of two drafts is enough
+    assert step_cost({}, 8, steep) == 1.0
+    # 10 rounds, 6 accepted tokens: 1.6 tokens a step; free verification makes that the speed-up
+    row = {"steps": 10, "accepted": 6, "draft_sizes": half}
+    assert projected_speedup(row, 1, flat) == pytest.approx(1.6)
+    assert projected_speedup(row, 1, steep) == pytest.approx(1.6 / 2.0)
+    assert projected_speedup({"steps": 0, "accepted": 0, "draft_sizes": {}}, 1, steep) == 1.0
+
+
+def test_a_replay_counts_every_round_by_its_draft_size():
+    groups = [RecordedGroup("r", 1, (1, 2, 3), [[4, 5, 6, 7, 8]] * 2), RecordedGroup("r", 2, (1, 2, 3), [[4, 5, 6, 7, 8]] * 2)]
+    for row in replay(groups, variants=["ngram", "suffix"]):
+        assert sum(row["draft_sizes"].values()) == row["steps"]
+        assert sum(size * n for size, n in row["draft_sizes"].items()) == row["drafted"]

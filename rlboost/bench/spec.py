@@ -45,6 +45,7 @@ from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.bench.grpo import chat_prompts, grpo_steps
 from rlboost.bench.spec_vllm import BACKENDS, VllmEngines, check_vllm_methods
 from rlboost.bench.spec_replay import record_histories, render_replay, replay_result
+from rlboost.policies.verify_curve import load_verify_curve
 from rlboost.histospec import DraftConfig, HistoryStore, make_drafter
 from rlboost.histospec.drafter import DRAFTERS
 from rlboost.models import ModelConfig, load_model
@@ -107,6 +108,10 @@ class SpecBenchConfig:
     sibling_tokens_per_step: int = 16384
     """Replay with instances: the most forwarded tokens per engine per step
     (rollout.histospec.sibling_tokens_per_step)."""
+    verify_curve: str = ""
+    """Replay: also project each row's decode speed-up at each of `batches` from its acceptance and this
+    verify curve (`PATH[:SHAPE]` of a `make gpu-check` JSON; `rlboost.histospec.projection`), labelled
+    as a projection."""
     backends: list[str] = field(default_factory=lambda: ["rlboost"])
     """Engines that verify the drafts, each against its own plain decoding: `rlboost`, `vllm` (needs
     vLLM installed)."""
@@ -136,6 +141,10 @@ class SpecBenchConfig:
         for flag, value in (("data", self.data), ("reward", self.reward)):
             if value and not self.record:
                 raise ValueError(f"--{flag}: only --record uses it (the timed bench runs the showcase's prompts)")
+        if self.verify_curve:
+            if not (self.record or self.replay):
+                raise ValueError("--verify-curve: only a replay (--replay, --record) projects from it")
+            load_verify_curve(self.verify_curve, "--verify-curve")
         if self.record or self.replay:
             return  # no engine runs: the backends are not used
         unknown = sorted(set(self.backends) - set(BACKENDS))

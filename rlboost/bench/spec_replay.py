@@ -12,6 +12,8 @@ tokens per verify step and the share of decode steps saved, acceptance being exa
 recorded tokens (what rlboost's coupled verifier accepts). `--instances K` deals each step's responses
 over K engines, and adds the suffix drafter with siblings forwarded across them (`+forwarded`, a
 report late, at most `--sibling-tokens-per-step` per engine per step) beside the local-only one.
+`--verify-curve JSON[:SHAPE]` adds each row's decode speed-up at each of `--batches`, projected from its
+acceptance and that verify curve (`rlboost.histospec.projection`), labelled as a projection.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from rlboost.bench.grpo import chat_prompts, grpo_steps
 from rlboost.data import DatasetError, arithmetic_rows, read_rows
 from rlboost.engine import EngineConfig, LLMEngine
 from rlboost.histospec.recording import GroupRecorder, read_recording
+from rlboost.histospec.projection import projected_speedup
 from rlboost.histospec.replay import replay
 from rlboost.models import ModelConfig, load_model
+from rlboost.policies.verify_curve import load_verify_curve
 from rlboost.rewards.builtin import compute_score
 from rlboost.rewards.config import RewardConfig
 from rlboost.rewards.loading import load_reward_fn
@@ -77,6 +81,11 @@ def replay_result(cfg, path: Path) -> dict:
               "suffix_tree_tokens": cfg.suffix_tree_tokens}
     rows = replay(groups, config=cfg.draft_config("ngram"), instances=cfg.instances, stream_interval=cfg.stream_interval,
                   sibling_tokens_per_step=cfg.sibling_tokens_per_step)
+    if cfg.verify_curve:  # a projection from the acceptance, labelled as one wherever it is shown
+        curve = load_verify_curve(cfg.verify_curve, "--verify-curve")
+        spread["verify_curve"] = curve.source
+        for row in rows:
+            row["projected_speedup"] = {b: projected_speedup(row, b, curve) for b in cfg.batches}
     return {"config": {"recording": str(path)} | ({"model": cfg.model, "prompts": cfg.prompts,
                                                    "record_epochs": cfg.record_epochs, "data": cfg.data,
                                                    "reward": cfg.reward} if cfg.record else {}) | spread,
@@ -88,11 +97,17 @@ def render_replay(result: dict) -> Table:
     spread = (f", {cfg['instances']} instances, reports every {cfg['stream_interval']} tokens, "
               f"{cfg['sibling_tokens_per_step']} forwarded tokens per instance per step"
               if cfg.get("instances", 1) > 1 else "")
-    table = Table(title=f"HistoSpec drafters replayed on {cfg['recording']} (exact-match acceptance{spread})")
+    projected = sorted(result["replay"][0].get("projected_speedup", {})) if result["replay"] else []
+    caption = (f"projected bN: decode speed-up at batch N, a projection from the acceptance and the verify curve "
+               f"{cfg['verify_curve']} (whole drafts, the batch's drafts independent; not measured)"
+               if projected else None)
+    table = Table(title=f"HistoSpec drafters replayed on {cfg['recording']} (exact-match acceptance{spread})",
+                  caption=caption)
     for column in ("run", "epoch", "drafter", "responses", "tokens", "accepted/verify", "acceptance",
-                   "steps saved"):
+                   "steps saved", *(f"projected b{b}" for b in projected)):
         table.add_column(column, justify="right")
     for r in result["replay"]:
         table.add_row(r["run"], str(r["epoch"]), r["drafter"], str(r["responses"]), str(r["tokens"]),
-                      f"{r['accepted_per_verify']:.2f}", f"{r['acceptance_rate']:.0%}", f"{r['steps_saved']:.0%}")
+                      f"{r['accepted_per_verify']:.2f}", f"{r['acceptance_rate']:.0%}", f"{r['steps_saved']:.0%}",
+                      *(f"{r['projected_speedup'][b]:.2f}x" for b in projected))
     return table

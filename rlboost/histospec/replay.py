@@ -74,10 +74,17 @@ class Tally:
     verifications: int = 0
     drafted: int = 0
     accepted: int = 0
+    draft_sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+    """Decode rounds per draft size (0: a round without a draft): what a batch's verify steps compute
+    (`rlboost.histospec.projection`)."""
 
     def add(self, other: Tally) -> None:
         for f in dataclasses.fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+            if f.name == "draft_sizes":
+                for size, rounds in other.draft_sizes.items():
+                    self.draft_sizes[size] = self.draft_sizes.get(size, 0) + rounds
+            else:
+                setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
     def row(self) -> dict[str, float]:
         return dataclasses.asdict(self) | {
@@ -135,6 +142,7 @@ def replay_step(drafters: Sequence, name: str, groups: Sequence[RecordedGroup], 
                 tally.drafted += len(tree)
                 tally.accepted += accepted
             tally.steps += 1
+            tally.draft_sizes[len(tree)] = tally.draft_sizes.get(len(tree), 0) + 1
             r.done = pos + accepted + 1
             if not r.running:
                 drafter.finish(r.id)
