@@ -160,7 +160,8 @@ class VllmEngine:
         """What vLLM verified since the engine started, whichever proposer drafted."""
         self._engine = LLMEngine.from_engine_args(args, stat_loggers=[spec_counter(self.vllm_spec)])
         self.draft_tokens = draft_tokens
-        self._relay = DraftRelay(draft_tokens, SpecBudget(config.spec_max_batch, ragged=True, prior=config.verify_curve()), SpecStats())
+        budget = SpecBudget(config.spec_max_batch, ragged=True, prior=config.verify_curve())
+        self._relay = DraftRelay(draft_tokens, budget, SpecStats())
         if draft_tokens > 0:
             if not all(self._engine.collective_rpc(bind_proposer, args=(self._relay,))):
                 raise RuntimeError("vLLM did not build rlboost's draft proposer (speculative_config custom_class)")
