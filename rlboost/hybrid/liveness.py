@@ -16,12 +16,6 @@ from rlboost.hybrid.handles import Call, WorkerHandle, first_line
 NODE_CHECK_S = 1.0
 
 
-def _ray():
-    import ray  # only where a worker exists: a step with none (the Ray-free tests) never loads it
-
-    return ray
-
-
 class Liveness:
     def __init__(self, heartbeat_interval_s: float, heartbeat_timeout_s: float, node_check_s: float = NODE_CHECK_S):
         self.interval_s, self.timeout_s, self.node_check_s = heartbeat_interval_s, heartbeat_timeout_s, node_check_s
@@ -34,7 +28,11 @@ class Liveness:
         milliseconds). Without that exception a worker that vanished while idle would be found only by
         a watch longer than `heartbeat_timeout_s`, and a run of short steps would never find it."""
         pings = [h.ping.ref for h in handles if h.ping is not None]
-        answered = set(_ray().wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
+        answered = set()
+        if pings:  # else Ray is not needed: a step with no worker (the Ray-free tests) never loads it
+            import ray
+
+            answered = set(ray.wait(pings, num_returns=len(pings), timeout=0)[0])
         for h in handles:
             unanswered = h.ping is not None and h.ping.ref not in answered
             h.last_report = max(h.last_report, h.ping.sent if unanswered else now)

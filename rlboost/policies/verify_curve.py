@@ -44,9 +44,9 @@ class VerifyCurve:
         """From `make gpu-check`'s rows: each {"batch": b, "positions": [n...], "relative": [r...]}."""
         parsed = {}
         for row in rows:
-            points = sorted(zip(row["positions"], row["relative"]))
-            if len(points) != len(row["positions"]) or len(row["positions"]) != len(row["relative"]):
+            if len(row["positions"]) != len(row["relative"]):
                 raise ValueError(f"verify curve: batch {row.get('batch')}: positions and relative differ in length")
+            points = sorted(zip(row["positions"], row["relative"]))
             parsed[int(row["batch"])] = tuple((int(n), float(r)) for n, r in points)
         return cls(parsed, source)
 
@@ -55,10 +55,8 @@ class VerifyCurve:
         batches = sorted(self.rows)
         if batch <= batches[0] or batch >= batches[-1]:
             return _along(self.rows[batches[0] if batch <= batches[0] else batches[-1]], n)
-        upper = bisect.bisect_left(batches, batch)
+        upper = bisect.bisect_left(batches, batch)  # a measured batch is its own `hi` (t = 1)
         lo, hi = batches[upper - 1], batches[upper]
-        if hi == batch:
-            return _along(self.rows[hi], n)
         t = (math.log(batch) - math.log(lo)) / (math.log(hi) - math.log(lo))
         return (1 - t) * _along(self.rows[lo], n) + t * _along(self.rows[hi], n)
 
