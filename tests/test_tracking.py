@@ -220,7 +220,7 @@ def test_report_of_a_colocated_run_plots_cost_only(tmp_path):
 
 
 def test_format_usd():
-    from rlboost.tracking.report import format_usd
+    from rlboost.tracking.report_data import format_usd
 
     assert [format_usd(v) for v in (1234.5, 123.4, 12.345, 1.2, 0.01234, 0)] \
         == ["$1,234", "$123", "$12.35", "$1.20", "$0.012", "$0.00"]
