@@ -233,7 +233,7 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from rlboost.assembly import check_hosts_config, uses_hosts
+    from rlboost.checks import check_hosts_config, uses_hosts
     from rlboost.checkpoint import latest_checkpoint
     from rlboost.config import RLBoostConfig, load_config
     from rlboost.configs import SHOWCASE

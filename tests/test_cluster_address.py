@@ -99,7 +99,7 @@ def test_cluster_checks_before_ray_init():
 
 
 def test_the_run_s_validation_checks_the_address_only_when_it_joins_ray():
-    from rlboost.assembly import validate
+    from rlboost.checks import validate
 
     address = f"127.0.0.1:{closed_port()}"
     with pytest.raises(ConfigError, match=f"cluster.ray_address={address}: nothing answers there"):
@@ -130,7 +130,7 @@ def test_every_node_of_a_joined_cluster_is_asked_for_the_model_before_any_worker
     without it is named at start-up, before any worker, with what it lacks."""
     import ray
 
-    from rlboost.assembly import check_model_on_nodes
+    from rlboost.checks import check_model_on_nodes
 
     wait_for(lambda: sum(n["Alive"] for n in ray.nodes()) == 2, 60, "the node process to join")
     missing = tmp_path / "checkpoint"

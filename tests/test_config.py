@@ -103,7 +103,7 @@ def test_hybrid_settings_are_checked(override, message):
     ("rollout.hybrid.provider=ray_cluster", "rollout.hybrid.provider=ray_cluster needs cluster.ray_address"),
 ])
 def test_cluster_settings_are_checked_before_anything_starts(override, message):
-    from rlboost.assembly import validate
+    from rlboost.checks import validate
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         validate(load_config(RLBoostConfig, overrides=[override]))
@@ -127,7 +127,7 @@ def test_a_key_that_moved_to_the_cluster_section_is_named_with_its_new_place(old
 
 
 def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_starts():
-    from rlboost.assembly import validate
+    from rlboost.checks import validate
 
     cfg = load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "trainer.mini_batch_groups=1",
                                                 "data.train_batch_size=4"])
@@ -141,7 +141,7 @@ def test_histospec_on_vllm_is_refused_across_tensor_parallel_processes_and_with_
     """vLLM verifies HistoSpec's drafts in the engine's process; its tensor-parallel workers run in
     others, where the drafter cannot answer: that pair is refused before anything starts. vLLM
     verifies single paths, so the tree drafter is refused there too, by name."""
-    from rlboost.assembly import validate
+    from rlboost.checks import validate
 
     validate(load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"]))
     cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true",
@@ -213,7 +213,7 @@ def test_the_sibling_budget_refuses_what_is_not_a_whole_number_of_tokens():
 
 
 def test_a_config_built_in_code_is_checked_too():
-    from rlboost.assembly import validate
+    from rlboost.checks import validate
 
     cfg = RLBoostConfig()
     cfg.rollout.hybrid.heartbeat_timeout_s = float("nan")

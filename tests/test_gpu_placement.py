@@ -181,7 +181,7 @@ def test_more_gpus_than_this_machine_has_exit_2_naming_the_key_before_anything_s
 
 def test_a_joined_cluster_with_too_few_gpus_is_refused_before_any_worker(cluster):
     """On `cluster.ray_address` the nodes' GPUs are known once joined: checked then, before any worker."""
-    from rlboost.assembly import place_gpus
+    from rlboost.checks import place_gpus
 
     cfg = load_config(RLBoostConfig, CONFIGS / "hybrid_smoke.yaml", ["rollout.hybrid.gpus_per_worker=1",
                                                                       "rollout.hybrid.num_preemptible=12"])

@@ -22,7 +22,7 @@ LAYERS = [
     {"rollout", "cluster"},                                                  # the step, colocated rollout; Ray, weights
     {"hybrid", "trainer", "checkpoint"},                                     # Ray runtime, training
     {"sim", "bench"},                                                        # simulator, benchmarks
-    {"config", "assembly", "train", "cli"},                                  # the run and the command
+    {"config", "checks", "assembly", "train", "cli"},                        # the run and the command
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 MAX_LINES = 500

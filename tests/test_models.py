@@ -40,7 +40,7 @@ def test_load_model_errors():
 
 
 def test_model_problem_says_what_a_node_lacks_without_loading(tmp_path):
-    """What a joined cluster's nodes are asked at start-up (`assembly.check_model_on_nodes`)."""
+    """What a joined cluster's nodes are asked at start-up (`checks.check_model_on_nodes`)."""
     assert model_problem(ModelConfig(path="tiny:qwen2")) is None
     assert model_problem(ModelConfig(path="tiny:nope")) == "unknown tiny family 'tiny:nope'"
     assert model_problem(ModelConfig(path="smollm2")) is None  # the package is installed here

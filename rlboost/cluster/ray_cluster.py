@@ -20,7 +20,7 @@ Contract:
   tree, or the whole host vanishing (link silent first, no reset).
 - `on_every_node(fn, timeout_s)` runs `fn()` once on every alive node (pinned zero-CPU tasks) and
   returns each node's answer, what it raised, or that it did not answer in time: the start-up checks
-  of a joined cluster (`assembly.check_model_on_nodes`).
+  of a joined cluster (`checks.check_model_on_nodes`).
 - `place_reserved_gpus(count)` places the run's reserved GPUs once; the fleet's reserved workers and
   the trainer ranks find them in `reserved_gpus` and share them by time (`rlboost.cluster.placement`).
 - `check_listeners()`: the start-up check of a local run on loopback (`cluster.ray.bind_host`
