@@ -28,6 +28,7 @@ import json
 import statistics
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -76,8 +77,8 @@ class GpuCheckConfig:
     """Tokens decoded per request in the decode comparison."""
     hf_baseline: bool = True
     """Time HF generate beside the engine."""
-    repeats: int = 2
-    """Rounds of the decode comparison (engine and HF take turns); medians reported."""
+    repeats: int = 3
+    """Rounds of the decode comparison (engine and HF take turns), after a full-length warm-up; medians reported."""
     timing_iters: int = 10
     """Forward passes timed per verify point (median reported), after one warm-up."""
     train_batch: int = 8
@@ -147,11 +148,12 @@ def decode_rows(cfg: GpuCheckConfig, shape: str, device: torch.device, dtype: to
             break
         prompts = torch.randint(3, vocab, (batch, cfg.prompt_len), generator=g).tolist()
         params = SamplingParams(temperature=0, max_tokens=cfg.new_tokens, ignore_eos=True)
-        timed_decode(engine, prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
-                     lambda e: e.num_waiting == 0)  # warm-up at this batch
+        # Warm-up at this batch over the whole length: the first pass through each context length pays the
+        # allocator's and the kernels' first-call costs (3-5x a GPU decode's time when warmed on 2 tokens).
+        timed_decode(engine, prompts, params, lambda e: e.num_waiting == 0)
         ids = torch.tensor(prompts, device=device)
         if hf is not None:
-            timed_hf_generate(hf, ids, 2)
+            timed_hf_generate(hf, ids, cfg.new_tokens)
         engine_s, hf_s, same = [], [], None
         for _ in range(cfg.repeats):
             out, _, decode_s = timed_decode(engine, prompts, params, lambda e: e.num_waiting == 0)
@@ -161,6 +163,8 @@ def decode_rows(cfg: GpuCheckConfig, shape: str, device: torch.device, dtype: to
                 hf_out, total_s = timed_hf_generate(hf, ids, cfg.new_tokens)
                 hf_s.append(total_s - prefill_s)  # <= 0 only where decoding is lost in the noise
                 same = sum(a == b for a, b in zip(out, hf_out[:, cfg.prompt_len:].tolist())) / batch
+        if hf is not None:
+            row_gap = greedy_gap(hf, prompts, out, device)
         tokens = batch * (cfg.new_tokens - 1)  # each request's first token comes from its prefill
         step_bytes = weight_bytes + batch * (cfg.prompt_len + cfg.new_tokens / 2) * kv_per_token
         row = {"batch": batch, "engine_tokens_per_s": tokens / statistics.median(engine_s),
@@ -169,12 +173,61 @@ def decode_rows(cfg: GpuCheckConfig, shape: str, device: torch.device, dtype: to
         if hf is not None:
             hf_decode_s = statistics.median(hf_s)
             row.update(hf_tokens_per_s=tokens / hf_decode_s if hf_decode_s > 0 else None, hf_decode_s=hf_s,
-                       outputs_identical_to_hf=same)
+                       outputs_identical_to_hf=same, **row_gap)
             if row["hf_tokens_per_s"]:
                 row["engine_vs_hf"] = row["engine_tokens_per_s"] / row["hf_tokens_per_s"]
         rows.append(row)
     del engine, model, hf
     return rows
+
+
+def greedy_gap(hf, prompts: list[list[int]], outputs: list[list[int]], device: torch.device) -> dict:
+    """How far the engine's greedy tokens are from HF's argmax, HF teacher-forced on the engine's own output:
+    per token, HF's top logit minus its logit of the engine's token (0 where they agree). Whole-sequence
+    agreement is a poor test in bf16 on random weights, whose near-tied logits flip at the first rounding
+    difference; a correct engine's gaps stay at the logits' rounding size (`logit_spread` gives the scale),
+    a wrong one's do not."""
+    ids = torch.tensor([p + o for p, o in zip(prompts, outputs)], device=device)
+    start = len(prompts[0])
+    with torch.inference_mode():
+        logits = hf(ids[:, :-1]).logits[:, start - 1:].float()  # logits predicting each engine token
+    chosen = logits.gather(-1, ids[:, start:, None]).squeeze(-1)
+    gaps = logits.max(-1).values - chosen
+    return {"greedy_gap_max": float(gaps.max()), "greedy_gap_mean": float(gaps.mean()),
+            "greedy_agreement": float((gaps == 0).float().mean()), "logit_spread": float(logits.std(-1).mean())}
+
+
+def step_profile_row(shape: str, device: torch.device, dtype: torch.dtype, seed: int, context: int = 128) -> dict:
+    """Where a batch-1 decode step's time goes: the device's kernels (or, on a CPU, operators) one plain step
+    launches, times the host's cost of a launch (`hardware.launch_latency`), against the step's time. A
+    `launch_bound_share` near 1 says the step waits on the host, not on memory or math, which no batch size
+    or smaller model mends (CUDA graphs do)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = random_model(shape, dtype, device, seed)
+    engine = LLMEngine(model, EngineConfig(device=str(device), max_num_seqs=1, max_model_len=context + 2))
+    engine.cache.reserve(1, context + 2)
+    ids = torch.randint(3, model.config.vocab_size, (1, 1), device=device)
+    positions = torch.full((1, 1), context, device=device)
+    last = torch.zeros(1, dtype=torch.long, device=device)
+
+    def step():
+        engine.runner.forward(ids, positions, last, slot_offset=0)
+
+    step_s = _median_time(step, device, 10)
+    activity = ProfilerActivity.CUDA if device.type == "cuda" else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        step()
+        hardware._sync(device)
+    events = prof.events()
+    if device.type == "cuda":
+        launches = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    else:
+        launches = sum(1 for e in events if e.name.startswith("aten::") and e.cpu_parent is None)
+    latency = hardware.launch_latency(device)
+    del engine, model
+    return {"batch": 1, "context": context, "step_s": step_s, "launches": launches, "launch_latency_s": latency,
+            "launch_bound_share": min(1.0, launches * latency / step_s)}
 
 
 def verify_rows(cfg: GpuCheckConfig, shape: str, device: torch.device, dtype: torch.dtype,
@@ -270,7 +323,14 @@ def patch_row(cfg: GpuCheckConfig, shape: str, device: torch.device, dtype: torc
             "encode_bytes_per_s": old.nbytes / encode_s, "apply_bytes_per_s": old.nbytes / apply_s}
 
 
-def gpu_check(cfg: GpuCheckConfig, log=print) -> dict:
+def _size(shape: str, dtype: torch.dtype, device: torch.device, seed: int) -> dict:
+    model = random_model(shape, dtype, device, seed)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "weight_bytes": _weight_bytes(model)}
+
+
+def gpu_check(cfg: GpuCheckConfig, log=print, progress=None) -> dict:
+    """Every figure, per shape in order; `progress(result)` after each shape (the partial result: what a run
+    cut short by its lease still leaves). A section that raises is recorded in `errors` and the rest goes on."""
     import transformers
 
     device = resolve_device(cfg.device, key="gpu_check.device")
@@ -283,32 +343,56 @@ def gpu_check(cfg: GpuCheckConfig, log=print) -> dict:
         "copy_bytes_per_s": bandwidth, "matmul_flops": hardware.matmul_flops(device, dtype),
         "config": asdict(cfg), "shapes": [], "patch": None,
     }
+    errors: list[dict] = []
+
+    def measured(what: str, fn):
+        """fn()'s figure, or None with the failure recorded: one broken section (the first CUDA run of a
+        path) must not cost the figures of the others, on a lease that may not come again."""
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - recorded in the JSON and printed, then the next section
+            errors.append({"what": what, "error": f"{type(e).__name__}: {e}",
+                           "traceback": traceback.format_exc(limit=-8)})
+            log(f"{what}: FAILED {type(e).__name__}: {e}")
+            traceback.print_exc()
+            return None
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    result.update(errors=errors, skipped=clock.skipped)  # the same lists, filled as the check goes
     for shape in cfg.shapes:
         if not clock.allows(f"{shape}"):
             continue
         row: dict = {"shape": shape}
-        model = random_model(shape, dtype, device, cfg.seed)
-        row.update(parameters=sum(p.numel() for p in model.parameters()), weight_bytes=_weight_bytes(model))
-        del model
+        size = measured(f"{shape} build", lambda: _size(shape, dtype, device, cfg.seed))
+        if size is None:
+            continue
+        row.update(size)
         log(f"{shape}: {row['parameters'] / 1e6:.0f}M parameters, decode ...")
-        row["decode"] = decode_rows(cfg, shape, device, dtype, bandwidth, clock)
+        row["decode"] = measured(f"{shape} decode", lambda: decode_rows(cfg, shape, device, dtype, bandwidth, clock)) or []
         log(f"{shape}: verify curve ...")
-        row["verify"] = verify_rows(cfg, shape, device, dtype, clock)
+        row["verify"] = measured(f"{shape} verify", lambda: verify_rows(cfg, shape, device, dtype, clock)) or []
+        if clock.allows(f"{shape} step profile"):
+            if (prof := measured(f"{shape} step profile", lambda: step_profile_row(shape, device, dtype, cfg.seed))):
+                row["step_profile"] = prof
         if clock.allows(f"{shape} trainer step"):
             log(f"{shape}: trainer step ...")
-            row["train"] = train_row(cfg, shape, device, dtype)
+            if (train := measured(f"{shape} trainer step", lambda: train_row(cfg, shape, device, dtype))) is not None:
+                row["train"] = train
         if clock.allows(f"{shape} weight load"):
-            row["weight_load"] = weight_load_row(cfg, shape, device, dtype)
+            if (load := measured(f"{shape} weight load", lambda: weight_load_row(cfg, shape, device, dtype))) is not None:
+                row["weight_load"] = load
         result["shapes"].append(row)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        result["elapsed_s"] = time.perf_counter() - clock.start
+        if progress is not None:
+            progress(result)
     if cfg.shapes and clock.allows("patch encode/apply"):
         if importlib.util.find_spec("zstandard") is None:
             clock.skipped.append("patch encode/apply: zstandard is not installed for this Python (make gpu-check-deps "
                                  "where the registry is reachable, and carry .gpu-check)")
         else:
-            result["patch"] = patch_row(cfg, cfg.shapes[0], device, dtype)
-    result["skipped"] = clock.skipped
+            result["patch"] = measured("patch encode/apply", lambda: patch_row(cfg, cfg.shapes[0], device, dtype))
     result["elapsed_s"] = time.perf_counter() - clock.start
     return result
 
@@ -320,11 +404,17 @@ def summary(result: dict) -> str:
     for row in result["shapes"]:
         for d in row["decode"]:
             hf = f", {d['engine_vs_hf']:.2f}x HF" if "engine_vs_hf" in d else ""
+            if "greedy_gap_max" in d:
+                hf += f", greedy gap max {d['greedy_gap_max']:.3f} (logit spread {d['logit_spread']:.2f})"
             lines.append(f"  {row['shape']} decode b{d['batch']}: {d['engine_tokens_per_s']:,.0f} tok/s{hf}, "
                          f"{d['engine_vs_roofline']:.0%} of roofline")
         for v in row["verify"]:
             curve = " ".join(f"{n}:{r:.2f}" for n, r in zip(v["positions"], v["relative"]))
             lines.append(f"  {row['shape']} verify b{v['batch']} (n: step / plain step): {curve}")
+        if "step_profile" in row:
+            p = row["step_profile"]
+            lines.append(f"  {row['shape']} b1 step {p['step_s'] * 1e3:.1f} ms: {p['launches']} launches x "
+                         f"{p['launch_latency_s'] * 1e6:.1f} us = {p['launch_bound_share']:.0%} of it")
         if "train" in row:
             lines.append(f"  {row['shape']} trainer fwd+bwd: {row['train']['tokens_per_s']:,.0f} tok/s")
         if "weight_load" in row:
@@ -334,6 +424,7 @@ def summary(result: dict) -> str:
         lines.append(f"  patch: {p['changed_share']:.1%} changed, encode {p['encode_bytes_per_s'] / 1e9:.2f} GB/s, "
                      f"apply {p['apply_bytes_per_s'] / 1e9:.2f} GB/s")
     lines += [f"  skipped: {s}" for s in result["skipped"]]
+    lines += [f"  FAILED {e['what']}: {e['error']}" for e in result.get("errors", [])]
     return "\n".join(lines)
 
 
@@ -387,11 +478,17 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = gpu_check(cfg, log=lambda line: print(line, flush=True))
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result = gpu_check(cfg, log=lambda line: print(line, flush=True),
+                       progress=lambda partial: out.write_text(json.dumps(partial, indent=1)))
+    out.write_text(json.dumps(result, indent=1))
     print(summary(result))
     print(f"wrote {args.json} in {result['elapsed_s']:.0f} s")
+    if result["errors"]:
+        print(f"error: {len(result['errors'])} measurement(s) failed: "
+              + "; ".join(f"{e['what']}: {e['error']}" for e in result["errors"]), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -47,6 +47,16 @@ def memory_bandwidth(device: torch.device) -> float:
     return 2 * src.numel() * 4 / _best_time(lambda: dst.copy_(src), device, repeats=5)
 
 
+def launch_latency(device: torch.device, launches: int = 2000) -> float:
+    """Seconds per launch of a tiny op, queued back to back (one sync at the end): the host's cost of a
+    kernel, which bounds a step of many small kernels whatever the device's speed."""
+    x = torch.zeros(16, device=device)
+    def queue():
+        for _ in range(launches):
+            x.add_(1.0)
+    return _best_time(queue, device, repeats=3) / launches
+
+
 def device_name(device: torch.device) -> str:
     """The GPU's name, or the CPU model with its core count."""
     if device.type == "cuda":
