@@ -6,17 +6,26 @@ that never load torch above 8 instances), scaled so that every engine carries ab
 every count. Reported per instance count: the CPU time of the manager's loop thread as a fraction of
 the step's wall time (`loop_busy_fraction`, over all steps, and per step: the first includes the
 first dispatch of every sample and the instances' first pulls; the goal is under 5% at 64 instances),
-the step time, and how many worker reports the loop handled per second of rollout.
+the step time, and how many worker reports the loop handled per second of rollout. Beside each count it
+prints the figure last on record for it (`RECORD`: the fraction per count at each landed commit that
+was measured, newest last), so a regression shows the day it lands.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from rich.table import Table
 
 from rlboost.bench.emulation import CheckConfig, run_emulation, scaled_config
+
+RECORD = Path(__file__).resolve().parents[2] / "docs" / "results" / "control_plane_record.json"
+"""`loop_busy_fraction` per instance count at landed commits, as this bench measured it on a 2-core
+machine: a JSON list of {"commit", "date", "note", "loop_busy_fraction": {"64": 0.158, ...}}, oldest
+first (docs/simulator.md, "The manager's overhead")."""
 
 
 @dataclass
@@ -31,10 +40,44 @@ class ControlPlaneBenchConfig:
     second, so the fraction measured at 3 is the one a 3x faster machine would see at 1)."""
     stream_interval: int = 8
     seed: int = 0
+    record: str = str(RECORD)
+    """The figures on record (`RECORD`'s format), printed beside each count's; '' for none."""
+
+    def validate(self) -> None:
+        if self.record:
+            load_record(self.record)  # a broken record is refused before the minutes of the run
+
+
+def load_record(path: str) -> list[dict]:
+    """The record's rows, oldest first; a missing file is an empty record (an installed package has no
+    docs/). ValueError naming the file and what is wrong."""
+    file = Path(path)
+    if not file.exists():
+        return []
+    try:
+        rows = json.loads(file.read_text())
+        for row in rows:
+            fractions = row["loop_busy_fraction"]
+            if not isinstance(row["commit"], str) or not all(
+                    k.isdigit() and isinstance(v, (int, float)) for k, v in fractions.items()):
+                raise TypeError(f"row {row!r}: a commit, and instance counts to numeric fractions")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"--record={path}: not a list of {{commit, loop_busy_fraction: {{instances: fraction}}}} "
+                         f"rows: {type(e).__name__}: {e}") from None
+    return rows
+
+
+def last_on_record(rows: list[dict], instances: int) -> dict | None:
+    """The newest row with a figure at `instances`: {"commit", "loop_busy_fraction"}."""
+    for row in reversed(rows):
+        if str(instances) in row["loop_busy_fraction"]:
+            return {"commit": row["commit"], "loop_busy_fraction": row["loop_busy_fraction"][str(instances)]}
+    return None
 
 
 def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
     results = []
+    record = load_record(cfg.record) if cfg.record else []
     for n in cfg.instances:
         scale = cfg.time_scale or (1.0 if n <= 16 else 3.0)
         check = replace(scaled_config(n, CheckConfig(steps=cfg.steps, stream_interval=cfg.stream_interval,
@@ -49,18 +92,22 @@ def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
                         "loop_busy_fraction_per_step": [s.loop_cpu_s / s.step_s for s in steps],
                         "step_s": wall / len(steps), "rollout_s": rollout / len(steps),
                         "reports_per_s": sum(s.reports for s in steps) / rollout, "time_scale": scale,
-                        "worker": check.worker, "samples_per_step": steps[0].samples})
+                        "worker": check.worker, "samples_per_step": steps[0].samples,
+                        "on_record": last_on_record(record, n)})
     return {"config": dataclasses.asdict(cfg), "results": results}
 
 
 def render(result: dict) -> Table:
     table = Table(title="The rollout manager's loop CPU, as a share of step time (goal: < 5% at 64 instances)")
-    for col in ("instances", "worker", "time_scale", "samples/step", "step s", "reports/s", "loop CPU / step"):
+    for col in ("instances", "worker", "time_scale", "samples/step", "step s", "reports/s", "loop CPU / step",
+                "on record"):
         table.add_column(col, justify="right")
     for r in result["results"]:
+        prior = r.get("on_record")
         table.add_row(str(r["instances"]), r["worker"], f"{r['time_scale']:g}", str(r["samples_per_step"]),
-                      f"{r['step_s']:.1f}", f"{r['reports_per_s']:.0f}", f"{r['loop_busy_fraction']:.1%}")
+                      f"{r['step_s']:.1f}", f"{r['reports_per_s']:.0f}", f"{r['loop_busy_fraction']:.1%}",
+                      f"{prior['loop_busy_fraction']:.1%} at {prior['commit']}" if prior else "-")
     return table
 
 
-__all__ = ["ControlPlaneBenchConfig", "bench_control_plane", "render"]
+__all__ = ["RECORD", "ControlPlaneBenchConfig", "bench_control_plane", "last_on_record", "load_record", "render"]
