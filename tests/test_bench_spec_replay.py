@@ -10,10 +10,11 @@ import pytest
 from rlboost.bench.grpo import chat_prompts
 from rlboost.bench.spec import SpecBenchConfig, bench_spec, render
 from rlboost.cli import main
-from rlboost.data import DatasetError, read_rows
+from rlboost.data import DatasetError, read_rows, task_rows
 from rlboost.histospec.recording import read_recording
 from rlboost.histospec.replay import FORWARDED, VARIANTS
 from rlboost.models import ModelConfig, load_model
+from rlboost.rewards import compute_score
 from rlboost.rewards.config import RewardConfig
 from rlboost.rewards.loading import load_reward_fn
 
@@ -84,6 +85,29 @@ def test_record_from_a_verl_dataset_with_the_built_in_reward(tmp_path, capsys):
     for flag, value in (("--data", data), ("--reward", reward)):
         assert main(["bench", "spec", flag, str(value)]) == 2
         assert f"{flag}: only --record uses it" in capsys.readouterr().out
+
+
+def test_record_from_a_reasoning_gym_task_scored_by_its_checker(tmp_path, capsys, monkeypatch):
+    """`--data reasoning_gym:NAME`: that task's first train rows (data.seed's), each response scored by the
+    dataset's own checker; a misspelt dataset is one line before any model loads."""
+    scored = []
+    import rlboost.bench.spec_replay as spec_replay
+
+    def spy(**call):
+        scored.append(call)
+        return compute_score(**call)
+
+    monkeypatch.setattr(spec_replay, "compute_score", spy)
+    path = tmp_path / "histories.jsonl"
+    bench_spec(SpecBenchConfig(model="tiny:qwen2", prompts=2, max_tokens=3, temperatures=[1.0], record_epochs=1,
+                               record=str(path), data="reasoning_gym:word_sorting"))
+    tokenizer = load_model(ModelConfig(path="tiny:qwen2")).tokenizer
+    rows = task_rows("reasoning_gym:word_sorting", 2, 0, "train")
+    assert [list(g.prompt) for g in read_recording(path)] == chat_prompts(tokenizer, rows)
+    assert len(scored) == 16 and {c["data_source"] for c in scored} == {"reasoning_gym/word_sorting"}
+    assert {c["ground_truth"] for c in scored} == {r.ground_truth for r in rows}
+    assert main(["bench", "spec", "--record", str(tmp_path / "x.jsonl"), "--data", "reasoning_gym:word_sortng"]) == 2
+    assert "--data=reasoning_gym:word_sortng: reasoning-gym has no dataset" in capsys.readouterr().out
 
 
 def test_the_shaped_math_reward_pays_for_the_number_and_the_form():

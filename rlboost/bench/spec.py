@@ -40,6 +40,8 @@ from pathlib import Path
 from rich.table import Table
 
 from rlboost.data import arithmetic_rows
+from rlboost.data.reasoning_gym import check_task as check_reasoning_gym_task
+from rlboost.data.reasoning_gym import dataset_name
 from rlboost.engine import EngineConfig, LLMEngine, SamplingParams
 from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.bench.grpo import chat_prompts, grpo_steps
@@ -91,8 +93,10 @@ class SpecBenchConfig:
     """GRPO steps (epochs of the prompts) per temperature that `--record` records."""
     data: str = ""
     """`--record` from the first `prompts` rows of this veRL dataset (parquet or JSONL: `data_source`,
-    chat `prompt`, `reward_model.ground_truth`), scored by the built-in reward (math-verify for gsm8k,
-    MATH, ...), instead of the showcase's arithmetic prompts and shaped reward."""
+    chat `prompt`, `reward_model.ground_truth`) or of this built-in task's train split (`countdown`,
+    `reasoning_gym:NAME`: `data.task`'s names, default parameters, `seed`), scored by the built-in reward
+    (math-verify for gsm8k, MATH, ...; reasoning-gym's own checkers), instead of the showcase's
+    arithmetic prompts and shaped reward."""
     reward: str = ""
     """`--record`'s reward instead: a veRL custom reward file (`file.py` or `file.py:function`, the
     signature of `reward.path`), e.g. examples/rewards/math_shaped.py for `--data` math rows."""
@@ -141,6 +145,8 @@ class SpecBenchConfig:
         for flag, value in (("data", self.data), ("reward", self.reward)):
             if value and not self.record:
                 raise ValueError(f"--{flag}: only --record uses it (the timed bench runs the showcase's prompts)")
+        if (name := dataset_name(self.data)) is not None:
+            check_reasoning_gym_task(name, {}, task_key="--data")
         if self.verify_curve:
             if not (self.record or self.replay):
                 raise ValueError("--verify-curve: only a replay (--replay, --record) projects from it")

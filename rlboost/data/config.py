@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from rlboost.data.reasoning_gym import check_task as check_reasoning_gym_task
+from rlboost.data.reasoning_gym import dataset_name
 from rlboost.data.tasks import TASKS, check_arithmetic_params, check_countdown_params
 
 
@@ -46,7 +49,9 @@ class DataConfig:
     a built-in task: that task's eval split (`val_size` rows), which shares no problem with its train split."""
 
     task: str = "arithmetic"
-    """Built-in task used when `train_files` is empty: `arithmetic` or `countdown`."""
+    """Built-in task used when `train_files` is empty: `arithmetic`, `countdown`, or one of reasoning-gym's
+    procedural datasets as `reasoning_gym:NAME` (e.g. `reasoning_gym:chain_sum`; needs the `reasoning-gym`
+    extra, which `make install` installs), scored by that dataset's own checker."""
 
     train_size: int = 1024
     """Rows of the built-in task's train split."""
@@ -62,6 +67,11 @@ class DataConfig:
 
     countdown: CountdownConfig = field(default_factory=CountdownConfig)
     """Parameters of the `countdown` task."""
+
+    reasoning_gym: dict[str, Any] = field(default_factory=dict)
+    """Fields of the `reasoning_gym:NAME` dataset's own config, by reasoning-gym's names (e.g.
+    `data.reasoning_gym.min_terms=4` for chain_sum); empty: its defaults. Its seed and size come from
+    `seed`, `train_size` and `val_size`."""
 
     train_batch_size: int = 8
     """Prompts per RL step (veRL: data.train_batch_size); each gets rollout.n responses."""
@@ -82,8 +92,8 @@ class DataConfig:
             files = getattr(self, name)
             if not isinstance(files, (list, tuple)) or not all(isinstance(f, str) and f for f in files):
                 raise ValueError(f"data.{name} must be a list of file paths, got {files!r}")
-        if self.task not in TASKS:
-            raise ValueError(f"data.task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        if dataset_name(self.task) is None and self.task not in TASKS:
+            raise ValueError(f"data.task must be one of {', '.join(TASKS)} or reasoning_gym:NAME, got {self.task!r}")
         for name, least in (("train_size", 1), ("val_size", 0), ("train_batch_size", 1),
                             ("max_prompt_length", 1), ("max_response_length", 1)):
             value = getattr(self, name)
@@ -96,7 +106,14 @@ class DataConfig:
             raise ValueError(f"data.seed must be an int, got {self.seed!r}")
         self.arithmetic.validate()
         self.countdown.validate()
+        if (name := dataset_name(self.task)) is not None and not self.train_files:
+            check_reasoning_gym_task(name, dict(self.reasoning_gym))
+        elif self.reasoning_gym and dataset_name(self.task) is None:
+            raise ValueError(f"data.reasoning_gym is set but data.task={self.task!r} is not a reasoning_gym:NAME task")
 
     def task_params(self) -> dict:
-        """Keyword parameters of the selected built-in task's row generator."""
+        """Keyword parameters of the selected built-in task's row generator (a reasoning-gym dataset's
+        config fields; its name is in `task`)."""
+        if dataset_name(self.task) is not None:
+            return dict(self.reasoning_gym)
         return dict(vars(getattr(self, self.task)))

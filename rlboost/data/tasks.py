@@ -1,21 +1,16 @@
-"""Built-in tasks whose problems are generated from a seed: arithmetic and countdown.
-
-Train/eval disjointness: every possible problem belongs to exactly one split, decided by a keyed hash of
-(task, seed, problem) -- one problem in EVAL_SHARE goes to eval. Each split then draws problems from its
-own seeded stream, keeping only its own and skipping repeats. So the splits never share a problem,
-whatever sizes are asked for, and the first n rows of a split do not depend on n.
+"""Built-in tasks whose problems are generated from a seed: arithmetic and countdown, and reasoning-gym's
+(`reasoning_gym:NAME`, rlboost.data.reasoning_gym); each split into train and eval by rlboost.data.splits.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
-from typing import Any, Callable
+from typing import Callable
 
+from rlboost.data.reasoning_gym import dataset_name, reasoning_gym_rows
 from rlboost.data.rows import PromptRow
+from rlboost.data.splits import draw_problems
 
-SPLITS = ("train", "eval")
-EVAL_SHARE = 8
 ARITHMETIC_OPERATORS = "+-*"
 
 
@@ -37,40 +32,6 @@ def check_countdown_params(num_numbers: int, max_number: int, max_target: int, p
             raise ValueError(f"{prefix}{name} must be an int >= {least}, got {value!r}")
 
 
-def _in_eval(task: str, seed: int, key: Any) -> bool:
-    # blake2b rather than hash(): str hashes are salted per process.
-    digest = hashlib.blake2b(f"{task}|{seed}|{key!r}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") % EVAL_SHARE == 0
-
-
-def _draw_problems(task: str, n: int, seed: int, split: str, draw: Callable[[random.Random], Any]) -> list:
-    """n distinct problems of `split` from `draw(rng)`, which returns (key, problem) or None to retry."""
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    if not isinstance(n, int) or n < 0:
-        raise ValueError(f"number of rows must be an int >= 0, got {n!r}")
-    rng = random.Random(f"rlboost/{task}/{split}/{seed}")  # str seeds are stable across runs
-    want_eval = split == "eval"
-    problems, seen = [], set()
-    # Small problem spaces run out; a bounded number of draws turns that into an error, not a hang.
-    max_draws = 10_000 + 100 * n
-    for _ in range(max_draws):
-        if len(problems) == n:
-            return problems
-        drawn = draw(rng)
-        if drawn is None:
-            continue
-        key, problem = drawn
-        if key in seen or _in_eval(task, seed, key) != want_eval:
-            continue
-        seen.add(key)
-        problems.append(problem)
-    if len(problems) == n:
-        return problems
-    raise ValueError(f"{task}: found only {len(problems)} distinct {split} problems of the {n} asked for "
-                     f"in {max_draws} draws; ask for fewer rows or widen the task's parameters")
-
-
 def arithmetic_rows(n: int, seed: int, split: str, digits: int = 2, operators: str = "+-") -> list[PromptRow]:
     """`a op b` with operands of exactly `digits` digits (0 counts as a 1-digit number)."""
     check_arithmetic_params(digits, operators)
@@ -81,7 +42,7 @@ def arithmetic_rows(n: int, seed: int, split: str, digits: int = 2, operators: s
         return (a, op, b), (a, op, b)
 
     rows = []
-    for index, (a, op, b) in enumerate(_draw_problems("arithmetic", n, seed, split, draw)):
+    for index, (a, op, b) in enumerate(draw_problems("arithmetic", n, seed, split, draw)):
         result = a + b if op == "+" else a - b if op == "-" else a * b
         # The wording SmolLM2-135M-Instruct answers best among those we tried (docs/training.md).
         question = f"What is {a} {op} {b}? Give the result after 'Answer:'."
@@ -129,7 +90,7 @@ def countdown_rows(n: int, seed: int, split: str, num_numbers: int = 3, max_numb
         return (tuple(sorted(numbers)), target), (numbers, target, expression)
 
     rows = []
-    for index, (numbers, target, expression) in enumerate(_draw_problems("countdown", n, seed, split, draw)):
+    for index, (numbers, target, expression) in enumerate(draw_problems("countdown", n, seed, split, draw)):
         listed = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
         question = (f"Using the numbers {listed}, write an equation that equals {target}. Use each number "
                     f"exactly once, with only + - * / and parentheses. Think briefly, then give the "
@@ -146,7 +107,9 @@ TASKS: dict[str, Callable[..., list[PromptRow]]] = {"arithmetic": arithmetic_row
 
 
 def task_rows(name: str, n: int, seed: int, split: str, **params) -> list[PromptRow]:
-    """Rows of the built-in task `name`; `params` are that task's own parameters."""
+    """Rows of the built-in task `name` (or `reasoning_gym:NAME`); `params` are that task's own parameters."""
+    if (dataset := dataset_name(name)) is not None:
+        return reasoning_gym_rows(n, seed, split, dataset, **params)
     if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {name!r}; built-in tasks: {', '.join(TASKS)}, or reasoning_gym:NAME")
     return TASKS[name](n, seed, split, **params)

@@ -1,4 +1,5 @@
-"""The built-in reward: exact checks for the built-in tasks, math-verify for math datasets."""
+"""The built-in reward: exact checks for the built-in tasks, reasoning-gym's checkers for its datasets,
+math-verify for math datasets."""
 
 from __future__ import annotations
 
@@ -9,30 +10,14 @@ import unicodedata
 from fractions import Fraction
 from typing import Any
 
-ANSWER = re.compile(r"answer\s*:", re.IGNORECASE)
+from rlboost.data.reasoning_gym import SOURCE_PREFIX
+from rlboost.rewards.answers import final_answer
+from rlboost.rewards.reasoning_gym import reasoning_gym_score
+
 INTEGER = re.compile(r"[+-]?(\d+|\d{1,3}(,\d{3})+)")
 SIGNED_DIGITS = re.compile(r"[+-]?\d+")
 # Longer answers are not equations a model meant; the bound also keeps ast.parse cheap.
 MAX_EXPRESSION_CHARS = 300
-# Characters models like to write for the four operations.
-OPERATOR_LOOKALIKES = str.maketrans({"×": "*", "÷": "/", "−": "-", "–": "-"})
-
-
-def final_answer(solution_str: str) -> str | None:
-    """The text after the last `Answer:` (any case): the rest of its line, or the next non-empty line
-    when it ends the line. Markdown emphasis, backticks, `$` and a trailing period are stripped."""
-    matches = list(ANSWER.finditer(solution_str))
-    if not matches:
-        return None
-    lines = solution_str[matches[-1].end():].split("\n")
-    text = _strip_markup(lines[0])
-    if not text:
-        text = _strip_markup(next((line for line in lines[1:] if line.strip()), ""))
-    return text.translate(OPERATOR_LOOKALIKES)
-
-
-def _strip_markup(text: str) -> str:
-    return text.strip().lstrip("*_`$ \t").rstrip("*_`$ \t.")
 
 
 def arithmetic_score(solution_str: str, ground_truth: Any) -> float:
@@ -117,8 +102,11 @@ def math_score(solution_str: str, ground_truth: Any) -> float:
 
 
 def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> float:
-    """veRL's reward signature: `arithmetic` and `countdown` rows are checked exactly, every other data
-    source (gsm8k, MATH, ...) with math-verify."""
+    """veRL's reward signature: `arithmetic` and `countdown` rows are checked exactly, reasoning-gym's
+    (`reasoning_gym/NAME`) by that dataset's own checker, every other data source (gsm8k, MATH, ...)
+    with math-verify."""
+    if data_source.startswith(SOURCE_PREFIX):
+        return reasoning_gym_score(data_source, solution_str, ground_truth, extra_info)
     if data_source == "arithmetic":
         return arithmetic_score(solution_str, ground_truth)
     if data_source == "countdown":
