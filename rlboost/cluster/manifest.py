@@ -5,9 +5,10 @@ references. Unpickling any of them imports nothing but this module, so a rollout
 engine needs no torch never loads it, and a trainer rank and the rollout manager pass them along
 without knowing who made them.
 
-- `WeightManifest` / `Bucket` / `TensorSlot`: one published weight version (DESIGN.md 2.5): where its
-  checksummed buckets are and which tensors each holds, and the patches (`PatchSet`) that turn an
-  earlier version, bucket by bucket, into this one (`rlboost.cluster.patches`).
+- `WeightManifest` / `Bucket` / `TensorSlot`: one published weight version
+  (docs/elastic.md, "Weights: published once, pulled, verified"): where its checksummed buckets are
+  and which tensors each holds, and the patches (`PatchSet`) that turn an earlier version, bucket by
+  bucket, into this one (`rlboost.cluster.patches`).
 - `PullResult`: what a verified pull reports back, and how it got there (`mode`).
 """
 

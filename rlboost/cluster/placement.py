@@ -15,7 +15,7 @@ Contract:
   the GPU trainer rank i trains on and the one reserved worker covering it generates
   on (worker j covers bundles [j*g, (j+1)*g)). They share it by time, not by space: the step sleeps the
   reserved engines (KV cache freed) before the ranks train and wakes them after the new weights are
-  published (DESIGN.md, the step), so each asks for `SHARE` of the bundle's GPU. Ray's accounting must
+  published (docs/hybrid.md, "The step"), so each asks for `SHARE` of the bundle's GPU. Ray's accounting must
   let both sit on one GPU at once; a whole GPU each would need twice the GPUs the reserved node has,
   and GPUs asked for outside one group would pair worker j with whichever rank Ray chose.
 """

@@ -1,6 +1,7 @@
 """The weight store: the trainer publishes each version once; rollout workers pull it.
 
-Contract (DESIGN.md 2.5, invariant 5):
+Contract (docs/elastic.md, "Weights: published once, pulled, verified"; invariant 5 of docs/hybrid.md,
+"Invariants and the tests that check them"):
 - `publish(state, version)` packs the state dict into buckets of about `bucket_mb` (each a flat byte
   array: one object, one copy), checksums every bucket (CRC-32: it detects a torn or corrupted
   transfer; Ray's token authentication is what keeps strangers out) and puts them in Ray's object

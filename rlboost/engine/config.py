@@ -45,7 +45,7 @@ class EngineConfig:
 
     stream_interval: int = 8
     """Tokens are streamed back in chunks of at most this many; it bounds the tokens lost when a
-    worker dies (DESIGN invariant 4)."""
+    worker dies (invariant 4 of docs/hybrid.md, "Invariants and the tests that check them")."""
 
     kv_cache_init_len: int = 256
     """Initial per-slot KV capacity in tokens; it doubles on demand up to max_model_len."""

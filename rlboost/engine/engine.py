@@ -1,6 +1,7 @@
 """LLMEngine: continuous-batching generation with token streaming, exact abort/resume, weight swaps.
 
-Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.protocol.EngineBackend`):
+Contract (docs/engine.md, "Contract"; the calls every backend shares are
+`rlboost.engine.protocol.EngineBackend`):
 - `add(request_id, prompt_token_ids, params)` admits a request or raises InvalidRequestError naming it;
   other requests are unaffected.
 - `step()` runs one batch (a prefill of waiting prompts, or one decode token for every running
@@ -12,10 +13,10 @@ Contract (DESIGN.md 2.1; the calls every backend shares are `rlboost.engine.prot
   Resubmitting prompt + partial tokens with max_tokens reduced by their count and the same seed
   continues exactly as if never interrupted: greedy always; sampled given identical logits (the
   draw of the token at absolute position t depends only on (seed, t)).
-- Speculative decoding (DESIGN 2.8): with a `drafter` (HistoSpec's), small decode batches verify
-  draft tokens, a path or a tree of them (`rlboost.engine.draft_tree`), in one forward pass. The
-  token emitted at each position is exactly the one plain decoding draws there (given the same
-  logits), so speculation changes speed, never output.
+- Speculative decoding (docs/histospec.md, "How it works"): with a `drafter` (HistoSpec's), small
+  decode batches verify draft tokens, a path or a tree of them (`rlboost.engine.draft_tree`), in one
+  forward pass. The token emitted at each position is exactly the one plain decoding draws there
+  (given the same logits), so speculation changes speed, never output.
 - `load_weights(state_dict, version, names=None)` copies weights in place (only `names` when given:
   a patched version's changed parameters, the rest already served); `sleep()` frees the KV cache and
   `wake()` allows it back. All three need an engine with no unfinished request, so every token of a

@@ -1,4 +1,4 @@
-"""The contract every rollout engine backend implements (DESIGN.md 2.1), as torch-free code.
+"""The contract every rollout engine backend implements (docs/engine.md, "Contract"), as torch-free code.
 
 A rollout worker (`rlboost.hybrid.worker.RolloutWorker`) drives any engine that satisfies
 `EngineBackend`: rlboost's own `LLMEngine` (exact continuation, the HistoSpec verifier), `VllmEngine`,

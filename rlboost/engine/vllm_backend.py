@@ -1,6 +1,7 @@
 """vLLM as a rollout engine backend: the `EngineBackend` contract over vLLM's public `LLMEngine` API.
 
-Contract (DESIGN.md 2.1; what differs from rlboost's engine is said here and in docs/engine.md):
+Contract (docs/engine.md, "Contract"; what differs from rlboost's engine is said here and in docs/engine.md,
+"vLLM backend"):
 - The engine runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, set before vLLM is imported
   unless the caller set it): `step()` is one vLLM scheduler step whose outputs are read before it
   returns, so the adapter always holds every token generated so far, and `abort` returns exactly those.

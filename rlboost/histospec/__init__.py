@@ -1,4 +1,5 @@
-"""HistoSpec: speculative drafts from the history of each prompt's previous rollout (DESIGN.md 2.8)."""
+"""HistoSpec: speculative drafts from the history of each prompt's previous rollout
+(docs/histospec.md, "How it works")."""
 
 from rlboost.histospec.drafter import DraftConfig, Drafter, SuffixIndex
 from rlboost.histospec.factory import make_drafter

@@ -1,4 +1,4 @@
-"""Draft tokens for running requests from the history of their prompt (HistoSpec, DESIGN.md 2.8).
+"""Draft tokens for running requests from the history of their prompt (HistoSpec, docs/histospec.md, "How it works").
 
 Contract:
 - `SuffixIndex` maps every k-gram (min_order <= k <= max_order) of a prompt's history to counts of

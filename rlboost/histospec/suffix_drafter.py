@@ -1,4 +1,4 @@
-"""Suffix-tree drafts from three sources (`rollout.histospec.drafter=suffix`, DESIGN.md 2.8).
+"""Suffix-tree drafts from three sources (`rollout.histospec.drafter=suffix`, docs/histospec.md, "How it works").
 
 SuffixDecoding's method (arXiv 2411.04975) over the sources an RL request has:
 - `own`: a trie over the request's prompt and output so far;

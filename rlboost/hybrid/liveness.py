@@ -1,4 +1,5 @@
-"""Telling a dead or frozen worker from a busy one (DESIGN.md 2.2, invariants 6 and 7).
+"""Telling a dead or frozen worker from a busy one (docs/hybrid.md, "How a death is found out";
+invariants 6 and 7 of its "Invariants and the tests that check them").
 
 Contract: `Liveness.watch_from(handles, now)` starts a watch (a step, a wait between steps);
 `Liveness.check(handles, now)` returns (handle, reason) for every worker to declare dead: its

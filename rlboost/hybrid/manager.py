@@ -1,6 +1,7 @@
 """The rollout manager: the workers of a hybrid run across steps, and the steps they serve.
 
-Contract (DESIGN.md 2.3, 2.5 and the invariants of section 3):
+Contract (docs/hybrid.md, "The step"; docs/elastic.md, "Weights: published once, pulled, verified"; and
+the invariants of docs/hybrid.md, "Invariants and the tests that check them"):
 - `add_worker` admits a started worker, mid-step included; one serving another model, or claiming the
   current version with other bytes, is refused (and killed). It then pulls the current weights and
   joins the dispatch only once they verify (`rlboost.hybrid.pulls`).

@@ -1,5 +1,6 @@
-"""Weight pulls: which version each worker must serve, and the pulls that get it there (DESIGN.md 2.5,
-invariant 5).
+"""Weight pulls: which version each worker must serve, and the pulls that get it there
+(docs/elastic.md, "Weights: published once, pulled, verified"; invariant 5 of docs/hybrid.md,
+"Invariants and the tests that check them").
 
 Contract: `publish(manifest)` makes a version the one to serve; `start(handle)` starts a pull of it on a
 worker that does not hold it (one pull per worker at a time); `poll(handles, now)` collects finished

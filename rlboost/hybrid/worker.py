@@ -1,6 +1,6 @@
 """A rollout worker: one engine in its own process (a Ray actor), on a reserved or preemptible resource.
 
-Contract (DESIGN.md 2.2):
+Contract (docs/hybrid.md, "The code"):
 - The engine is built in the worker's process by `spec.engine_factory(spec)`: any
   `rlboost.engine.protocol.EngineBackend`. The default is the engine `engine.backend` names, with no
   trained weights until the first pull (`configured_engine`); the emulated engine of

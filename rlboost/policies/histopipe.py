@@ -1,4 +1,5 @@
-"""HistoPipe (RhymeRL, arXiv 2508.18588): dispatch order from last epoch's response lengths (DESIGN.md 2.8).
+"""HistoPipe (RhymeRL, arXiv 2508.18588): dispatch order from last epoch's response lengths
+(docs/histospec.md, "HistoPipe: dispatch order from the previous epoch's lengths").
 
 Contract: the manager hands `order` the step's samples and gets back the uids in the order to dispatch
 them. Groups whose prompt has a history go longest-first (or shortest-first on odd steps when

@@ -1,4 +1,5 @@
-"""The loop between steps (RLBoost's central loop, DESIGN.md 2.4), shared by the runtime and the simulator.
+"""The loop between steps (RLBoost's central loop, docs/elastic.md,
+"The offload controller"), shared by the runtime and the simulator.
 
 Contract: `begin(instances)` opens a training step with the n instances held at its start and
 returns its `StepPlan` (T_seed and the no-regret outlook); `end(outcome)` closes it with what the

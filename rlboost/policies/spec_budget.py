@@ -1,4 +1,4 @@
-"""When to speculate: a batch-aware budget from measured step times (DESIGN.md 2.8).
+"""When to speculate: a batch-aware budget from measured step times (docs/histospec.md, "How it works").
 
 Speculation pays while decoding is memory-bound: verifying a few draft tokens per request costs
 about one step, so every accepted token is nearly free. As the batch grows the step becomes

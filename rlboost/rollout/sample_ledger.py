@@ -1,5 +1,6 @@
 """The step's ledger of samples: where each one stands, the tokens it holds, and the checks every token
-passes on its way in (DESIGN.md section 3, invariants 1-3).
+passes on its way in (docs/hybrid.md, "Invariants and the tests that check them",
+invariants 1-3).
 
 Contract: the `StepState` (rlboost.rollout.step_state) decides where samples go; the ledger records
 it. A sample is pending (in `pending`, in dispatch order), running one attempt (`start`: its request id

@@ -1,4 +1,4 @@
-"""Discrete-event simulation of whole RL training runs at cluster scale (DESIGN.md 2.9): datasheets
+"""Discrete-event simulation of whole RL training runs at cluster scale (docs/simulator.md): datasheets
 (`specs`), the roofline performance profiles of rollout engines and training (`profile`), how an engine
 batches samples through time (`batching`), the veRL baseline (`baselines`), the response-length
 workload (`workload`), the event-driven cluster (`cluster`, recording `records`, a shell around the runtime's own

@@ -1,5 +1,5 @@
-"""The event-driven cluster of a simulated RL run (DESIGN.md 2.9): reserved rollout engines, the
-trainer, preemptible instances from a trace, and the rollout manager's decisions.
+"""The event-driven cluster of a simulated RL run (docs/simulator.md, "Simulation model"): reserved rollout
+engines, the trainer, preemptible instances from a trace, and the rollout manager's decisions.
 
 Contract: `ClusterRun(...).run()` plays whole training steps, one after the other, until a step
 would start at or after `duration_s`, and returns one `StepRecord` per step. Every decision of a

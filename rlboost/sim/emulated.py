@@ -1,9 +1,10 @@
 """An emulated rollout engine: tokens at the pace the simulator's profile predicts, by sleeping.
 
-Contract (DESIGN.md 2.9): `EmulatedEngine` is an `rlboost.engine.protocol.EngineBackend`, so the real
-runtime (Ray workers, the manager, migrations, kills, weight pulls) runs on it unchanged, at the speed
-of a modelled H100 engine and with many instances on one small machine. A `RolloutWorker` builds it
-through its engine factory (`EmulatedEngines`), as it builds rlboost's own engine.
+Contract (docs/simulator.md, "Emulated engine"): `EmulatedEngine` is an
+`rlboost.engine.protocol.EngineBackend`, so the real runtime (Ray workers, the manager, migrations,
+kills, weight pulls) runs on it unchanged, at the speed of a modelled H100 engine and with many
+instances on one small machine. A `RolloutWorker` builds it through its engine factory
+(`EmulatedEngines`), as it builds rlboost's own engine.
 
 - Content: the token at absolute position t of a request is a pure function of (seed, t), and so is
   its log-prob (the counter-based draws of `rlboost.engine.rng`). The response length is a pure

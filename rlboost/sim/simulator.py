@@ -1,5 +1,5 @@
 """Simulated RL training runs at cluster scale: RLBoost, its ablations and the baselines it is compared
-with (DESIGN.md 2.9, the core of `rlboost simulate`).
+with (docs/simulator.md, "Simulation model"; the core of `rlboost simulate`).
 
 Contract: `simulate(SimConfig(...))` plays one policy on one model over one trace segment and returns
 a `SimResult`: one `StepRecord` per training step, the live instances over time, throughput (response
@@ -120,7 +120,8 @@ class SimConfig:
     the steps; not measured yet (assumed ~0.05-0.15). 1.0: whole versions."""
     stream_interval: int = 8
     """Tokens per streamed chunk: a hard preemption loses the unstreamed tokens of each in-flight
-    sample, fewer than this many (bounded waste, DESIGN.md invariant 4)."""
+    sample, fewer than this many (bounded waste: invariant 4 of docs/hybrid.md,
+    "Invariants and the tests that check them")."""
     migration: str = "token"
     """What survives a preemption. token (RLBoost): every streamed token; the sample continues
     elsewhere after a re-prefill of prompt + tokens. recompute (the baseline the paper compares

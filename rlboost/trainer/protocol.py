@@ -2,8 +2,8 @@
 `Trainer` (world size 1) or the `TrainerGroup` of sharded ranks. Torch-free.
 
 Contract: `train_step` trains on exactly `num_groups` finished groups pulled from `groups` and returns
-veRL-named metrics (DESIGN.md 2.6; both run the same `BatchSchedule`); `publish` returns the weights
-the rollout loads as `version` (a state dict where this process holds them whole, else the manifest
+veRL-named metrics (docs/training.md, "The trainer"; both run the same `BatchSchedule`); `publish` returns
+the weights the rollout loads as `version` (a state dict where this process holds them whole, else the manifest
 of the version published in the weight store); the checkpoint calls read and write the state that
 `rlboost/checkpoint.py` lays out; `close` releases what the trainer holds (its ranks)."""
 

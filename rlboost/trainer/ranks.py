@@ -1,6 +1,6 @@
 """The trainer at `trainer.world_size` > 1: N ranks as Ray actors, driven from the training loop.
 
-Contract (DESIGN.md 2.6):
+Contract (docs/training.md, "Many trainer ranks"):
 - `TrainerGroup` places N `TrainerRank` actors in one placement group (a GPU each on CUDA, a CPU
   each otherwise, plus one unit of the `reserved` resource when the cluster has it, so a rank never
   lands on a preemptible instance); on CUDA, when the run's reserved GPUs are placed for rollout

@@ -3,7 +3,7 @@
 Pure (no torch, no Ray, no clock): both trainer drivers feed it the groups as they arrive and run
 what it returns, the in-process `Trainer` at world size 1 and the sharded `TrainerGroup` at N.
 
-Contract (DESIGN.md 2.6):
+Contract (docs/training.md, "The trainer"):
 - A step expects exactly `num_groups` finished groups (`check_finished` on each; `finish` raises when
   the rollout delivered fewer). A mini-batch is `mini_batch_groups` groups (0: the whole step); the
   step's last mini-batch is whatever is left.

@@ -1,6 +1,6 @@
 """One rank of a sharded trainer: the policy (and the KL reference) sharded with FSDP2 on a device mesh.
 
-Contract (DESIGN.md 2.6; the driver's side is `trainer/ranks.py`):
+Contract (docs/training.md, "Many trainer ranks"; the driver's side is `trainer/ranks.py`):
 - `shard_model` applies `fully_shard` to each decoder block, then to a root module around the model
   that computes response log-probs, so the root's parameters (embeddings, final norm, LM head, tied or
   not) are gathered by the root's own forward. Parameters, gradients and AdamW's state are DTensors

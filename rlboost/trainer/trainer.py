@@ -1,6 +1,6 @@
 """The GRPO trainer: consumes a step's finished groups as they arrive and updates the policy.
 
-Contract (DESIGN.md 2.6):
+Contract (docs/training.md, "The trainer"):
 - `train_step(groups, num_groups)` pulls exactly `num_groups` finished groups from any iterable, in
   the order it yields them (a list in colocated mode, a live stream in hybrid mode). Every
   `micro_batch_groups` groups run one forward/backward; gradients accumulate; the optimizer steps
