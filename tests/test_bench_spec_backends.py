@@ -97,9 +97,13 @@ def test_turns_alternate_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, ca
     def turn(name, seconds):
         return lambda index: calls.append((name, index)) or (seconds, [[len(calls)]])
     base, spec = _turns(3, turn("plain", 2.0), turn("spec", 1.0))
-    # side by side (a slow spell of the machine hits both), each pair on its own seeds (the turn's index)
-    assert calls == [(name, index) for index in range(3) for name in ("plain", "spec")]
-    assert base == (6.0, [[1], [3], [5]]) and spec == (3.0, [[2], [4], [6]])
+    # side by side (a slow spell of the machine hits both), each pair on its own seeds (the turn's index),
+    # counterbalanced: a drift of the machine's speed across a row falls on both sides alike
+    assert calls == [("plain", 0), ("spec", 0), ("spec", 1), ("plain", 1), ("plain", 2), ("spec", 2)]
+    assert base == (6.0, [[1], [4], [5]]) and spec == (3.0, [[2], [3], [6]])
+    drift = iter(range(1, 5))  # each call 1 s slower than the one before it: ABBA's two turns cancel it
+    base, spec = _turns(2, lambda i: (next(drift), [[0]]), lambda i: (next(drift), [[0]]))
+    assert base[0] == spec[0] == 5
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "spec", *TINY, "--turns", "0"]) == 2
     assert capsys.readouterr().out == "error: --turns must be >= 1, got 0\n"

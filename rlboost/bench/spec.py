@@ -7,8 +7,8 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
 (b) `after_training`: after `train_steps` real GRPO steps on those prompts, the history unchanged
     (the previous epoch's responses, as in training).
 Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches over the first
-`batch` prompts together; each `turns` times, plain and speculating in turn, each pair of turns on
-seeds of its own (a vLLM row then averages its samples' lengths). tokens/s counts generated
+`batch` prompts together; each `turns` times, plain and speculating in turn (counterbalanced: plain,
+spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples' lengths). tokens/s counts generated
 tokens over wall time (prefill included, the same for both); every engine generates a few tokens
 before the first turn (vLLM's first steps are several times slower). `accepted_per_verify` is the mean
 accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that
@@ -69,11 +69,13 @@ class SpecBenchConfig:
     """Responses per prompt in the history rollout."""
     batch1_requests: int = 4
     """Prompts measured one at a time for batch 1."""
-    turns: int = 1
-    """Plain and speculating turns per row, alternating (each speculating turn with a fresh drafter on the
-    same history; each pair of turns with seeds of its own); a row's speed is over all of them, so a
-    pause in one turn weighs 1/turns, and on vLLM, whose sampled speculating responses are other samples
-    than the plain ones, so does one turn's luck in their lengths (a wave lasts as long as its longest)."""
+    turns: int = 2
+    """Plain and speculating turns per row, in counterbalanced order (plain, spec, spec, plain, ...; each
+    speculating turn with a fresh drafter on the same history; each pair of turns with seeds of its own);
+    a row's speed is over all of them, so a pause in one turn weighs 1/turns, a drift of the machine's
+    speed across the row cancels, and on vLLM, whose sampled speculating responses are other samples
+    than the plain ones, so does one turn's luck in their lengths (a wave lasts as long as its longest).
+    One turn (the default before) read the same work as 0.89-1.25x on a quiet shared 2-core machine."""
     train_steps: int = 3
     """GRPO steps between the history and the `after_training` rollouts."""
     lr: float = 2e-5
@@ -263,11 +265,16 @@ Timed = tuple[float, list[list[int]]]
 
 
 def _turns(turns: int, plain: Callable[[int], Timed], speculating: Callable[[int], Timed]) -> tuple[Timed, Timed]:
-    """`turns` alternating calls of each with the turn's index, each one's summed."""
+    """`turns` calls of each with the turn's index, each one's summed, in counterbalanced order: plain
+    first in even turns, speculating first in odd ones (plain, spec, spec, plain, ...), so a machine
+    speeding up or slowing down across a row weighs on both sides alike from two turns on, and the side
+    that goes first at a new batch size or temperature (its allocations, its caches) is not always the
+    same one."""
     runs: tuple[list, list] = ([], [])
     for turn in range(turns):
-        for run, measure in zip(runs, (plain, speculating)):
-            run.append(measure(turn))
+        order = ((0, plain), (1, speculating)) if turn % 2 == 0 else ((1, speculating), (0, plain))
+        for side, measure in order:
+            runs[side].append(measure(turn))
     return tuple((sum(s for s, _ in run), [out for _, outs in run for out in outs]) for run in runs)
 
 
