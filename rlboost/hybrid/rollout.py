@@ -32,7 +32,7 @@ from rlboost.policies.histopipe import HistoPipe
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop, StepOutcome
 from rlboost.rollout.sample import Group, RolloutProgress
-from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_lengths
+from rlboost.rollout.step_memory import StepMemory
 from rlboost.spot import ProgressClock
 
 
@@ -43,10 +43,10 @@ class HybridRollout:
         `reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
         instances with (`cost.*`; 0: no price, no cap from it)."""
         self.cfg = cfg
-        self.histopipe = histopipe
         # HistoSpec: the run's history lives here; each worker gets a prompt's share with its requests
-        self.history = HistoryStore(spec.histospec.history_max_tokens) if spec.histospec is not None else None
-        self._to_remember: list[Group] = []
+        self.memory = StepMemory(HistoryStore(spec.histospec.history_max_tokens) if spec.histospec is not None
+                                 else None, histopipe)
+        """HistoPipe's lengths and HistoSpec's history, from one training step to the next."""
         self.manager = RolloutManager(cfg, cluster.cfg.weights)
         self.fleet = Fleet(cfg, spec, self.manager, cluster)
         try:
@@ -84,11 +84,9 @@ class HybridRollout:
         if training:
             plan = self.loop.begin(self.instances_at_start)
             self.seed_window_s = plan.seed_window_s
-            if self.histopipe is not None:
-                order = dispatch_order(self.histopipe, groups, version)
-                overruns = overrun_check(self.histopipe, groups)
-            self._to_remember = groups
-        history = self.history.responses if self.history is not None else None
+            order, overruns = self.memory.plan(groups, version)
+            self.memory.remember(groups)
+        history = self.memory.responses
         spec = self.fleet.spec.histospec
         # only the suffix drafter drafts from siblings
         siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
@@ -110,12 +108,7 @@ class HybridRollout:
         """Put the new version in the weight store; reserved workers load it now, the others pull it."""
         self.fleet.publish(weights, version)
         # between steps, off the rollout's critical path: this step's responses are the next epoch's history
-        if self.histopipe is not None:
-            record_lengths(self.histopipe, self._to_remember)
-        if self.history is not None:
-            for group in self._to_remember:
-                self.history.update(group.samples[0].prompt_ids, [s.response_ids for s in group.samples])
-        self._to_remember = []
+        self.memory.absorb()
 
     def finish_step(self, train_s: float) -> dict[str, float]:
         """Close the training step: its report, the offload loop's update (T_seed, the cap the provider
@@ -140,11 +133,11 @@ class HybridRollout:
                                preemption_rate=self.loop.controller.preemption_rate(),
                                weight_bytes=self.fleet.manifest.nbytes,
                                reserved_tokens_per_s=self._reserved_decode_rate())
-        if self.histopipe is not None:
+        if self.memory.histopipe is not None:
             metrics |= {"histopipe/overruns_moved": float(report.stats.overruns_moved),
-                        "histopipe/history_prompts": float(len(self.histopipe.history))}
-        if self.history is not None:
-            metrics |= spec_metrics(self._spec_stats(), len(self.history))
+                        "histopipe/history_prompts": float(len(self.memory.histopipe.history))}
+        if self.memory.history is not None:
+            metrics |= spec_metrics(self._spec_stats(), len(self.memory.history))
         return metrics
 
     def live(self) -> RolloutProgress | None:
@@ -181,20 +174,12 @@ class HybridRollout:
         return sum(h.profile.best() or 0.0 for h in self.manager.table.alive(RESERVED))
 
     def state_dict(self) -> dict:
-        state = {"offload": self.loop.controller.state_dict()}
-        if self.history is not None:
-            state["history"] = self.history.state_dict()
-        if self.histopipe is not None:
-            state["histopipe"] = self.histopipe.state_dict()
-        return state
+        return {"offload": self.loop.controller.state_dict()} | self.memory.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         if "offload" in state:
             self.loop.controller.load_state_dict(state["offload"])
-        if self.histopipe is not None and "histopipe" in state:
-            self.histopipe.load_state_dict(state["histopipe"])
-        if self.history is not None and "history" in state:
-            self.history.load_state_dict(state["history"])
+        self.memory.load_state_dict(state)
 
     def close(self) -> None:
         self.provider.stop()

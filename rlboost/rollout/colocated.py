@@ -19,7 +19,7 @@ from rlboost.histospec.metrics import spec_metrics
 from rlboost.engine.rng import derive_seed
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.rollout.sample import Group, RolloutProgress, Sample
-from rlboost.rollout.scheduling import dispatch_order, record_lengths
+from rlboost.rollout.step_memory import StepMemory
 
 
 def sample_seed(run_seed: int, step: int, row_index: int, sample_index: int) -> int:
@@ -113,8 +113,9 @@ class ColocatedRollout:
     training step's responses become the drafting history of their prompts from the next step on."""
 
     def __init__(self, engine: EngineBackend, history: HistoryStore | None = None, histopipe: HistoPipe | None = None):
-        self.engine, self.history, self.histopipe = engine, history, histopipe
-        self._to_remember: list[Group] = []
+        self.engine = engine
+        self.memory = StepMemory(history, histopipe)
+        """HistoPipe's lengths and HistoSpec's history, from one training step to the next."""
         self._live: tuple[int, float, _Counts] | None = None
         """(samples, start, counts) of the generation under way."""
         self._gen_s = 0.0
@@ -124,7 +125,7 @@ class ColocatedRollout:
         """Every group of the step, in completion order; all generated before the first is handed out."""
         if self.engine.weight_version != version:
             raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
-        order = dispatch_order(self.histopipe, groups, version) if training and self.histopipe else None
+        order = self.memory.plan(groups, version)[0] if training else None
         t0 = time.monotonic()
         self.engine.wake()
         counts = _Counts()
@@ -136,36 +137,26 @@ class ColocatedRollout:
         self.engine.sleep()
         self._gen_s = time.monotonic() - t0
         if training:
-            self._to_remember = done
+            self.memory.remember(done)
         return iter(done)
 
     def publish(self, weights, version: int) -> None:
         self.engine.load_weights(weights, version)
-        if self.histopipe is not None:
-            record_lengths(self.histopipe, self._to_remember)
-        if self.history is not None:  # between steps: off the rollout's critical path
-            for group in self._to_remember:
-                self.history.update(group.samples[0].prompt_ids, [s.response_ids for s in group.samples])
+        if self.memory.absorb():  # between steps: off the rollout's critical path
             self.engine.drafter.invalidate()
-        self._to_remember = []
 
     def finish_step(self, train_s: float) -> dict[str, float]:
         stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
         metrics = {"timing_s/gen": self._gen_s, "timing_s/update_actor": train_s}
-        return metrics | (spec_metrics(stats, len(self.history)) if self.history is not None else {})
+        history = self.memory.history
+        return metrics | (spec_metrics(stats, len(history)) if history is not None else {})
 
     def state_dict(self) -> dict:
-        state = {"history": self.history.state_dict()} if self.history is not None else {}
-        if self.histopipe is not None:
-            state["histopipe"] = self.histopipe.state_dict()
-        return state
+        return self.memory.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        if self.history is not None and "history" in state:
-            self.history.load_state_dict(state["history"])
+        if self.memory.load_state_dict(state):
             self.engine.drafter.invalidate()
-        if self.histopipe is not None and "histopipe" in state:
-            self.histopipe.load_state_dict(state["histopipe"])
 
     def live(self) -> RolloutProgress | None:
         live = self._live
