@@ -71,6 +71,7 @@ def validate(cfg: RLBoostConfig) -> None:
                           "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
+    check_installed(cfg)
     check_rollout_gpus(cfg)
     check_trace(cfg)
     check_hosts(cfg)
@@ -148,6 +149,25 @@ def check_local_devices(cfg: RLBoostConfig) -> None:
     if t.world_size > have:
         raise ConfigError(f"trainer.world_size={t.world_size} needs {t.world_size} {what} (one per rank) but this "
                           f"machine has {have}")
+
+
+def check_installed(cfg: RLBoostConfig) -> None:
+    """What the config names exists where it will run: vLLM for `engine.backend=vllm`, CUDA for a
+    `cuda` device. A local run (no `cluster.ray_address`) runs all of it on this machine; on a cluster
+    only the driver's own part (a colocated engine, a single trainer rank) is checked here, the nodes'
+    when their workers start."""
+    import importlib.util
+
+    local = not cfg.cluster.ray_address
+    engine_here = local or cfg.rollout.mode == "colocated"
+    if engine_here and cfg.engine.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from rlboost.engine.vllm_backend import INSTALL_HINT
+
+        raise ConfigError(f"engine.backend=vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
+    for key, device, here in (("engine.device", cfg.engine.device, engine_here),
+                              ("trainer.device", cfg.trainer.device, local or cfg.trainer.world_size == 1)):
+        if here and str(device).startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"{key}={device!r} but CUDA is not available on this machine")
 
 
 def gpu_demand(cfg: RLBoostConfig) -> GpuDemand:

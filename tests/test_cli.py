@@ -83,6 +83,27 @@ def error_lines(capsys) -> list[str]:
     return [line for line in (captured.out + captured.err).splitlines() if line.startswith("error:")]
 
 
+@pytest.mark.parametrize("override, message", [
+    ("engine.backend=vllm", "error: engine.backend=vllm needs vLLM, which is not installed here: pip install vllm"),
+    ("engine.device=cuda", "error: engine.device='cuda' but CUDA is not available on this machine"),
+    ("trainer.device=cuda:0", "error: trainer.device='cuda:0' but CUDA is not available on this machine"),
+])
+def test_a_backend_or_device_this_machine_lacks_exits_2_before_anything_starts(override, message, tmp_path, capsys,
+                                                                             monkeypatch):
+    """Found by `checks.validate`, not by the engine's or trainer's constructor half-way into the start."""
+    import importlib.util
+
+    import torch
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the same on a GPU machine
+    assert main(["train", str(CONFIGS / "smoke.yaml"), override, f"run.output_dir={tmp_path / 'run'}"]) == 2
+    [line] = error_lines(capsys)
+    assert line.startswith(message), line
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 def test_a_number_that_is_not_finite_exits_2_naming_its_key(tmp_path, capsys):
     assert main(["train", str(CONFIGS / "smoke.yaml"), "trainer.lr=inf", f"run.output_dir={tmp_path}"]) == 2
     assert error_lines(capsys) == ["error: trainer.lr must be a finite number, got inf"]
