@@ -71,8 +71,8 @@ def validate(cfg: RLBoostConfig) -> None:
                           "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
                           "starting weights are gone after its first update)")
     check_local_devices(cfg)
+    check_rollout_gpus(cfg)  # its GPU-count message is the more precise one for a hybrid engine's device
     check_installed(cfg)
-    check_rollout_gpus(cfg)
     check_trace(cfg)
     check_hosts(cfg)
     check_ray_address(cfg)

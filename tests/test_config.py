@@ -137,11 +137,16 @@ def test_tis_with_several_optimizer_steps_per_step_is_refused_before_anything_st
     validate(load_config(RLBoostConfig, overrides=["trainer.tis_cap=2", "data.train_batch_size=4"]))
 
 
-def test_histospec_on_vllm_is_refused_across_tensor_parallel_processes_and_with_draft_trees():
+def test_histospec_on_vllm_is_refused_across_tensor_parallel_processes_and_with_draft_trees(monkeypatch):
     """vLLM verifies HistoSpec's drafts in the engine's process; its tensor-parallel workers run in
     others, where the drafter cannot answer: that pair is refused before anything starts. vLLM
     verifies single paths, so the tree drafter is refused there too, by name."""
+    import importlib.util
+
     from rlboost.checks import validate
+
+    find_spec = importlib.util.find_spec  # vLLM counts as installed here (its absence is test_cli's)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
 
     validate(load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"]))
     cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true",
