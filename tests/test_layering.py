@@ -25,7 +25,7 @@ LAYERS = [
     {"config", "checks", "assembly", "train", "cli"},                        # the run and the command
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
-MAX_LINES = 500
+MAX_LINES = 450
 
 
 def unit_of(path: Path) -> str:

@@ -15,40 +15,40 @@ overruns), `TraceReplay` (which instances start, get warned, killed, released) a
 (dollars). Time is continuous and jumps from event to event; nothing is simulated token by token.
 Pure: no clock, no Ray, no torch; the only randomness is the trace replay's seeded choice of victims.
 
-Streaming, as the simulator sees it: nothing depends on the chunks in between, so a sample's tokens
-are reported when it finishes, or when its engine is hard-killed: then the complete chunks of
-`stream_interval` of its attempt, and the rest dies with the instance (the waste).
+This module owns the events and their order; the books it keeps are its helpers': the engines and
+their traffic with the step (`rlboost.sim.engine_pool`, which also says how the simulator sees
+streaming), the rented instances (`rlboost.sim.spot_instances`), the trainer of a step
+(`rlboost.sim.step_trainer`) and a step's totals, which become its `StepRecord`
+(`rlboost.sim.step_totals`).
 
 Two layouts share the loop:
 - `colocated=True` (RLBoost): the reserved GPUs run rollout engines for the seeding window, hand
   their partial samples to the instances, then train on finished groups as they stream in.
 - `colocated=False` (Disagg, StreamRL-style): some reserved GPUs only generate, the others only
   train, both for the whole step; no instances (the step has no seeding window).
-Modelling assumptions: docs/simulator.md, "Simulation model".
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from collections import deque
-from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from rlboost.policies.balance import Balancer
 from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController
-from rlboost.policies.offload_loop import OffloadLoop, StepOutcome
-from rlboost.policies.profile import ThroughputProfile
+from rlboost.policies.offload_loop import OffloadLoop
 from rlboost.rollout.scheduling import overruns_of
-from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
-                                        StepConfig, StepState, Submit, WorkerState)
-from rlboost.sim.batching import EngineState
-from rlboost.sim.members import SimEngine, SimInstance
+from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig,
+                                        StepState, Submit, WorkerState)
+from rlboost.sim.engine_pool import EnginePool
+from rlboost.sim.members import SimInstance
 from rlboost.sim.profile import EngineProfile, TrainProfile
 from rlboost.sim.pulls import PullTimes
-from rlboost.sim.records import InstanceMeter, StepRecord
+from rlboost.sim.records import StepRecord
+from rlboost.sim.spot_instances import SpotInstances
+from rlboost.sim.step_totals import StepTotals
+from rlboost.sim.step_trainer import StepTrainer
 from rlboost.sim.workload import Workload
 from rlboost.spot.cost import CostMeter
 from rlboost.spot.trace import SpotTrace, TraceReplay
@@ -68,7 +68,7 @@ class ClusterRun:
                  controller: OffloadController | None, seed_s: float, meter: CostMeter,
                  max_steps: int | None = None):
         self.cfg = cfg
-        self.profile, self.train, self.work = engine, train, workload
+        self.train, self.work = train, workload
         self.prompt_len = workload.cfg.prompt_len
         self.colocated = colocated
         self.train_gpus = train_gpus
@@ -81,40 +81,33 @@ class ClusterRun:
         self.balancer = Balancer()
         self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
-        self.pulls = PullTimes(train.weight_sync_s(cfg.link_gbps, cfg.wire_dtype), cfg.patch_share, cfg.from_base_share)
         # the reserved engines always hold the version before the one published: their syncs are patches
         self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype) * cfg.patch_share
-        self.longest_pull_s = self.pulls.longest_planned_s  # and any longer pull seen (the share's grace)
         self.engines_per_instance = cfg.gpus_per_instance // engine.tp
         # An instance too small for one engine of the model cannot serve it: none is rented.
-        self.replay = (TraceReplay(trace, cfg.seed, cfg.notice_s, cfg.trace.max_instances)
-                       if trace is not None and self.engines_per_instance > 0 else None)
+        replay = (TraceReplay(trace, cfg.seed, cfg.notice_s, cfg.trace.max_instances)
+                  if trace is not None and self.engines_per_instance > 0 else None)
+        self.spot = SpotInstances(replay, PullTimes(train.weight_sync_s(cfg.link_gbps, cfg.wire_dtype),
+                                                    cfg.patch_share, cfg.from_base_share))
 
         self.now = 0.0
         self._heap: list[tuple[float, int, int, object, object]] = []
         self._seq = 0
-        self.engines: dict[str, SimEngine] = {}
-        self.reserved = [self._new_engine(f"r{j}", None) for j in range(rollout_gpus // engine.tp)]
-        self.instances: dict[str, SimInstance] = {}
-        self._launched = 0
+        self.pool = EnginePool(engine, self.prompt_len, cfg.stream_interval,
+                               lambda t, name, gen: self._push(t, _ENGINE, name, gen))
+        self.reserved = [self.pool.add(f"r{j}", None, self.now) for j in range(rollout_gpus // engine.tp)]
         self.published = 0  # the newest weight version; step k runs version k
         self.cap: int | None = None
-        self._due: list[tuple[SimEngine, str]] = []
-        """(engine, request id) of samples an engine finished, not yet reported to the step."""
-
-        # run totals
-        self.tokens_generated = 0
-        self.caps: list[tuple[float, int | None]] = []
         self.records: list[StepRecord] = []
-        self.total_preemptions = 0
-        self.instances_held = InstanceMeter()
         self.done = False
 
         self.k = -1
         self.step: StepState | None = None
+        self.totals: StepTotals | None = None  # the running step's counters
+        self.trainer: StepTrainer | None = None  # and its trainer
         self.active = False  # the step's rollout is under way
 
-        for t in self.replay.decision_times() if self.replay is not None else ():
+        for t in replay.decision_times() if replay is not None else ():
             self._push(t, _TRACE, None, None)
         self._push(0.0, _START, 0, None)
 
@@ -141,10 +134,7 @@ class ClusterRun:
 
     def _handle(self, kind: int, a, b) -> None:
         if kind == _ENGINE:
-            e = self.engines.get(a)
-            if e is not None and e.gen == b:
-                self._sync(e)
-                self._reschedule(e)
+            self.pool.woke(a, b, self.now)
         elif kind == _TRACE:
             self._replay_step()
         elif kind == _BOOTED:
@@ -164,7 +154,7 @@ class ClusterRun:
         step = self.step
         if step is not None:
             while True:
-                self._report_finished()
+                self.pool.report_finished(step, self.lengths, self.now)
                 commands = step.decide(self.now)
                 if not commands:
                     break
@@ -176,78 +166,15 @@ class ClusterRun:
     def _execute(self, commands) -> None:
         for command in commands:
             if isinstance(command, Submit):
-                self._submit(self.engines[command.worker], command)
+                self.pool.submit(command, self.lengths, self.now)
             elif isinstance(command, Abort):
-                self._abort(self.engines[command.worker], command)
+                self.pool.abort(command, self.step, self.now)
             elif isinstance(command, GroupDone):
-                self.ready.append(command.group)
+                self.trainer.ready.append(command.group)
             elif isinstance(command, ReleaseReserved):
-                self._release_trainer()
+                self.trainer.release(self.now)
             elif isinstance(command, Retire):
                 pass  # the instance's end is carried out where it was decided (_end_instance)
-
-    # ---- engines -----------------------------------------------------------------------------------
-
-    def _new_engine(self, name: str, instance: str | None) -> SimEngine:
-        state = EngineState(self.profile, self.prompt_len, start_s=self.now)
-        e = SimEngine(name, instance, state, ThroughputProfile())
-        state.on_decode = self._decode_observer(e)
-        self.engines[name] = e
-        return e
-
-    def _decode_observer(self, e: SimEngine) -> Callable[[int, int, float], None]:
-        observe = e.profile.observe
-
-        def on_decode(batch: int, steps: int, seconds: float) -> None:
-            self.tokens_generated += batch * steps
-            observe(batch, batch * steps / seconds)
-
-        return on_decode
-
-    def _reschedule(self, e: SimEngine) -> None:
-        e.gen += 1
-        t = e.state.next_event_s()
-        if t < math.inf:
-            self._push(t, _ENGINE, e.name, e.gen)
-
-    def _sync(self, e: SimEngine) -> None:
-        """Bring an engine to now; what it finished is reported to the step by `_report_finished`."""
-        for request_id in e.state.advance_to(self.now):
-            self._due.append((e, request_id))
-
-    def _report_finished(self) -> None:
-        due, self._due = self._due, []
-        step = self.step
-        for e, request_id in due:
-            held = e.held.pop(request_id)
-            uid = request_id.rpartition("#")[0]
-            step.chunk(e.name, request_id, 0, self.lengths[uid] - held, self.k, True, self.now, "stop")
-
-    def _progress(self, name: str) -> Mapping[str, int]:
-        """The step's `progress`: tokens each request on engine `name` made in its current attempt."""
-        e = self.engines.get(name)
-        if e is None:
-            return {}
-        self._sync(e)
-        held = e.held
-        return {rid: made - held[rid] for rid, made in e.state.progress().items()}
-
-    def _submit(self, e: SimEngine, command: Submit) -> None:
-        self._sync(e)
-        items = []
-        for r in command.requests:
-            e.held[r.request_id] = r.held
-            items.append((r.request_id, self.lengths[r.uid], r.held))
-        e.state.submit(items, self.now)
-        self._reschedule(e)
-
-    def _abort(self, e: SimEngine, command: Abort) -> None:
-        """An abort answers at once with the exact tokens of the complete decode steps."""
-        self._sync(e)
-        made = e.state.abort(command.request_ids, self.now)
-        partials = {rid: Partial(n - e.held.pop(rid), self.k) for rid, n in made.items()}
-        self._reschedule(e)
-        self.step.aborted(command.id, partials, self.now)
 
     # ---- the step ----------------------------------------------------------------------------------
 
@@ -258,12 +185,9 @@ class ClusterRun:
                 self._finish_run()
                 return
         self.k = k
-        self.step_start = self.now
-        self.step_tokens0 = self.tokens_generated
-        self.step_inst_s0 = self.instances_held.seconds(self.now)
-        self.st_preemptions, self.step_provision = 0, []  # the instances' launch-to-serving times
-        self._replay_step()
-        self.instances_start = len(self.instances)
+        self.totals = totals = StepTotals(k, self.now, self.pool.tokens_generated, self.spot.held.seconds(self.now))
+        self._replay_step()  # before counting the instances: kills and launches at the start are the step's
+        totals.instances_start = len(self.spot.instances)
         ids = self.work.prompt_ids(k)
         self.group_lengths = self.work.step(k)
         n = self.work.cfg.samples_per_prompt
@@ -271,30 +195,24 @@ class ClusterRun:
         uids = [[f"{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(self.group_lengths)]
         self.lengths = {uid: length for g, group in enumerate(self.group_lengths)
                         for uid, length in zip(uids[g], group)}
-        self.ready: deque[int] = deque()
-        self.trained_groups = 0
-        self.training: int | None = None
-        self.train_compute = 0.0
-        self.wait_train = 0.0
-        self.idle_since: float | None = None
-        self.released = False
-        self.rollout_end: float | None = None
+        self.trainer = StepTrainer(totals, len(self.group_lengths))
         self.active = True
-        plan = self.loop.begin(self.instances_start) if self.loop is not None else None
-        self.seed_s = plan.seed_window_s if plan is not None else self.fixed_seed_s
+        plan = self.loop.begin(totals.instances_start) if self.loop is not None else None
+        seed_s = plan.seed_window_s if plan is not None else self.fixed_seed_s
+        totals.seed_s = seed_s if self.colocated else 0.0
         keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
         histopipe = self.histopipe
         overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
         self.step = step = StepState(
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
-            seed_window_s=self.seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
+            seed_window_s=seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
-            progress=self._progress, longest_pull_s=self.longest_pull_s,
+            progress=lambda name: self.pool.progress(name, self.now), longest_pull_s=self.spot.longest_pull_s,
             outlook=plan.outlook if plan is not None and self.colocated else None)
         for e in self.reserved:
             step.join(e.name, RESERVED, self.max_running, e.profile)
-        for inst in self.instances.values():
+        for inst in self.spot.instances.values():
             if inst.booted:
                 self._join(inst)
         deadline = step.next_deadline()
@@ -312,98 +230,69 @@ class ClusterRun:
                       pulling_since=inst.pull_started if pulling else None)
 
     def _rollout_done(self) -> None:
-        self.rollout_end = self.now
+        self.totals.rollout_end_s = self.now
         self.active = False
-        if not self.released:
-            self._release_trainer()
+        if not self.trainer.released:
+            self.trainer.release(self.now)
+
+    def _close_step(self) -> None:
+        stats, totals = self.step.stats, self.totals
+        if stats.stale_chunks:
+            raise RuntimeError(f"step {self.k}: {stats.stale_chunks} chunks of attempts already taken back: the "
+                               "simulator's engines and the step disagree")
+        inst_s = totals.instance_s(self.spot.held.seconds(self.now))
+        tokens = sum(self.lengths.values())
+        usd = self.meter.charge_step(self.now - totals.start_s, inst_s, tokens)["cost/usd"]
+        self.records.append(totals.record(self.now, stats, colocated=self.colocated,
+                                          tokens_made=self.pool.tokens_generated, tokens_trained=tokens,
+                                          instance_s=inst_s, usd=usd, cap=self.cap))
+
+    def _finish_run(self) -> None:
+        for name in list(self.spot.instances):
+            self._end_instance(name, preempted=False)
+        self.done = True
 
     # ---- the trainer -------------------------------------------------------------------------------
 
-    def _release_trainer(self) -> None:
-        self.released = True
-        self.idle_since = self.now
-
     def _train_next(self) -> None:
-        if not self.released or self.training is not None or not self.ready:
+        if not self.trainer.can_train():
             return
         step = self.step
         if step.stats.fallback and any(step.holding(e.name) for e in self.reserved):
             return  # the reserved GPUs are generating again
-        g = self.ready.popleft()
-        if self.idle_since is not None:
-            self.wait_train += self.now - self.idle_since
-            self.idle_since = None
-        seconds = self.train.sequences_s([self.prompt_len + length for length in self.group_lengths[g]],
-                                         self.train_gpus)
-        self.train_compute += seconds
-        self.training = g
+        g, seconds = self.trainer.start(self.now, self._train_s)
         self._push(self.now + seconds, _TRAINED, g, None)
 
+    def _train_s(self, g: int) -> float:
+        """Trainer seconds of the step's group `g` (its prompts and responses)."""
+        return self.train.sequences_s([self.prompt_len + length for length in self.group_lengths[g]], self.train_gpus)
+
     def _trained(self, g: int) -> None:
-        self.training = None
-        self.trained_groups += 1
-        if self.trained_groups < len(self.group_lengths):
-            self.idle_since = self.now
+        if not self.trainer.finish(self.now):
             return
-        self.remote_s, self.wait_remote = self.step.remote_timings(self.now)
-        self.instances_end = len(self.instances)
+        totals = self.totals
+        totals.remote_s, totals.wait_remote_s = self.step.remote_timings(self.now)
+        totals.instances_end = len(self.spot.instances)
         if self.loop is not None:
-            self.cap = self.loop.end(StepOutcome(
-                instances_start=self.instances_start, instances_end=self.instances_end,
-                preemptions=self.st_preemptions, wall_s=self.now - self.step_start, train_s=self.train_compute,
-                wait_train_s=self.wait_train, remote_s=self.remote_s, wait_remote_s=self.wait_remote,
-                samples=len(self.lengths), response_tokens=sum(self.lengths.values()),
-                instance_s=self.instances_held.seconds(self.now) - self.step_inst_s0, provision_s=self.step_provision,
-                measured=self.step.stats.offload_measurements()))
+            self.cap = self.loop.end(totals.outcome(
+                self.now, held_s=self.spot.held.seconds(self.now), samples=len(self.lengths),
+                response_tokens=sum(self.lengths.values()), measured=self.step.stats.offload_measurements()))
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
         # Publish version k+1: the reserved engines load it, the instances pull it.
         self.published = self.k + 1
-        for inst in self.instances.values():
+        for inst in self.spot.instances.values():
             if inst.version is not None:
                 inst.version = None
                 self._pull(inst)
         self._push(self.now + self.sync_s, _START, self.k + 1, None)
 
-    def _close_step(self) -> None:
-        step = self.step
-        stats = step.stats
-        if stats.stale_chunks:
-            raise RuntimeError(f"step {self.k}: {stats.stale_chunks} chunks of attempts already taken back: the "
-                               "simulator's engines and the step disagree")
-        wall = self.now - self.step_start
-        inst_s = self.instances_held.seconds(self.now) - self.step_inst_s0
-        tokens = sum(self.lengths.values())
-        usd = self.meter.charge_step(wall, inst_s, tokens)["cost/usd"]
-        rollout_s = self.rollout_end - self.step_start
-        if not self.colocated or stats.fallback:
-            reserved_rollout_s = rollout_s  # the reserved engines generated to the end
-        else:
-            reserved_rollout_s = stats.seed_s
-        self.records.append(StepRecord(
-            step=self.k, start_s=self.step_start, end_s=self.now, rollout_s=rollout_s,
-            train_s=self.train_compute, seed_s=self.seed_s if self.colocated else 0.0,
-            reserved_rollout_s=reserved_rollout_s, tokens_generated=self.tokens_generated - self.step_tokens0,
-            tokens_trained=tokens, instances_start=self.instances_start, instances_end=self.instances_end,
-            preemptions=self.st_preemptions, migrations=sum(stats.migrated.values()),
-            wasted_tokens=stats.wasted_tokens, recomputed_tokens=stats.recomputed_tokens,
-            wait_train_s=self.wait_train, wait_remote_s=self.wait_remote, usd=usd, cap=self.cap, instance_s=inst_s,
-            migrated=dict(stats.migrated), in_flight_at_preemption=stats.in_flight_at_preemption,
-            remote_s=self.remote_s))
-
-    def _finish_run(self) -> None:
-        for name in list(self.instances):
-            self._end_instance(name, preempted=False)
-        self.done = True
-
     # ---- instances ---------------------------------------------------------------------------------
 
     def _replay_step(self) -> None:
-        if self.replay is None or self.done:
+        actions = None if self.done else self.spot.decide(self.now, self.cap)
+        if actions is None:
             return
-        if not self.caps or self.caps[-1][1] != self.cap:
-            self.caps.append((self.now, self.cap))
-        actions = self.replay.step(self.now, list(self.instances), 0, self.cap)
         for name in actions.kill:
             self._end_instance(name, preempted=True)
         for name, _ in actions.notify:
@@ -411,45 +300,38 @@ class ClusterRun:
         for name in actions.release:
             self._end_instance(name, preempted=False)
         for _ in range(actions.start):
-            name = f"i{self._launched}"
-            self._launched += 1
-            self.instances[name] = SimInstance(name, self.now)
-            self.instances_held.count(+1, self.now)
-            self._push(self.now + self.cfg.instance_startup_s, _BOOTED, name, None)
+            self._push(self.now + self.cfg.instance_startup_s, _BOOTED, self.spot.launch(self.now).name, None)
 
     def _in_step(self) -> bool:
         return self.step is not None and self.active
 
     def _booted(self, name: str) -> None:
         """The instance's engines are up: they pull the newest weights, then serve."""
-        inst = self.instances.get(name)
+        inst = self.spot.instances.get(name)
         if inst is None:
             return
         inst.booted = True
-        inst.engines = [self._new_engine(f"{name}/e{j}", name) for j in range(self.engines_per_instance)]
+        inst.engines = [self.pool.add(f"{name}/e{j}", name, self.now) for j in range(self.engines_per_instance)]
         self._pull(inst)
         if self._in_step():
             self._join(inst)
 
     def _pull(self, inst: SimInstance) -> None:
         """Start pulling the newest version: a patch, from the base or whole, by what `inst` holds."""
-        inst.pull_started = self.now
-        inst.pull_s = self.pulls.seconds(inst.holds, self.published)
-        self._push(self.now + inst.pull_s, _PULLED, inst.name, self.published)
+        self._push(self.spot.pull(inst, self.now, self.published), _PULLED, inst.name, self.published)
 
     def _pulled(self, name: str, version: int) -> None:
-        inst = self.instances.get(name)
+        inst = self.spot.instances.get(name)
         if inst is None:
             return
-        inst.holds = version
-        self.longest_pull_s = max(self.longest_pull_s, inst.pull_s)
+        self.spot.pulled(inst, version)
         if version != self.published:  # a newer version came out during the pull: pull that one
             self._pull(inst)
             return
         inst.version = version
         if not inst.served:
             inst.served = True
-            self.step_provision.append(self.now - inst.launched)
+            self.totals.provision_s.append(self.now - inst.launched)
         if self._in_step() and version == self.k:
             for e in inst.engines:
                 self.step.ready(e.name, self.now, inst.pull_s)
@@ -457,7 +339,7 @@ class ClusterRun:
     def _doom(self, name: str) -> None:
         """A preemption notice: the instance gets no more work, and its samples are taken back now
         (exact partial outputs), so the kill that follows wastes nothing."""
-        inst = self.instances[name]
+        inst = self.spot.instances[name]
         inst.doomed = True
         if self._in_step():
             for e in inst.engines:
@@ -465,36 +347,23 @@ class ClusterRun:
 
     def _end_instance(self, name: str, preempted: bool) -> None:
         """A hard kill (preempted) or a graceful end (a release beyond the cap, the end of the run)."""
-        inst = self.instances.pop(name)
-        self.instances_held.count(-1, self.now)
+        inst = self.spot.end(name, self.now, preempted)
         if preempted:
-            self.total_preemptions += 1
-            self.st_preemptions += 1
+            self.totals.preemptions += 1
         step = self.step
         for e in inst.engines:
             if step is not None and e.name in step.workers:
-                self._sync(e)
-                self._report_finished()
+                self.pool.sync(e, self.now)
+                self.pool.report_finished(step, self.lengths, self.now)
                 if preempted:
-                    self._kill(e)
+                    self.pool.kill(e, step, self.now)
                 else:
                     # given back: its samples come back exactly (an abort), then it ends
                     step.retire(e.name, self.now)
                     self._execute(step.take_commands())
                     self._execute(step.take_commands())
                     step.dead(e.name, "released", self.now, released=True)
-            e.gen += 1  # its scheduled events are void
-            del self.engines[e.name]
-
-    def _kill(self, e: SimEngine) -> None:
-        """A hard kill: the complete chunks of each attempt reached the manager; the rest is lost."""
-        step, interval = self.step, self.cfg.stream_interval
-        for request_id, made in e.state.progress().items():
-            attempt = made - e.held[request_id]
-            streamed = attempt - attempt % interval
-            if streamed:
-                step.chunk(e.name, request_id, 0, streamed, self.k, False, self.now)
-        step.dead(e.name, "preempted by the trace", self.now)
+            self.pool.remove(e)
 
 
 __all__ = ["ClusterRun"]

@@ -351,7 +351,7 @@ def _hybrid(cfg: SimConfig) -> SimResult:
                                    instance_usd_per_s=cfg.cost.instance_usd_per_s())
     run, steps = _cluster(cfg, rollout_gpus=gpus, train_gpus=gpus, colocated=True, spot=True,
                           controller=controller if offload.enabled else None, seed_s=seed_s)
-    return _result(cfg, steps, run.meter, run.instances_held.timeline, run.caps, run.total_preemptions, gpus, gpus)
+    return _result(cfg, steps, run.meter, run.spot.held.timeline, run.spot.caps, run.spot.preemptions, gpus, gpus)
 
 
 def disagg_splits(cfg: SimConfig) -> list[int]:
@@ -381,7 +381,7 @@ def _disagg(cfg: SimConfig) -> SimResult:
         rollout = max(splits, key=pilot)
     run, steps = _cluster(cfg, rollout_gpus=rollout, train_gpus=gpus - rollout, colocated=False, spot=False,
                           controller=None, seed_s=0.0)
-    return _result(cfg, steps, run.meter, run.instances_held.timeline, run.caps, 0, rollout, gpus - rollout)
+    return _result(cfg, steps, run.meter, run.spot.held.timeline, run.spot.caps, 0, rollout, gpus - rollout)
 
 
 def table(model: str = "qwen3-8b", segments: str = "ABC", policies=POLICIES, **overrides) -> str:
