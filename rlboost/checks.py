@@ -15,7 +15,7 @@ import torch
 from rlboost.cluster.gpus import KEY as GPU_KEY
 from rlboost.cluster.gpus import GpuDemand
 from rlboost.config import ConfigError, RLBoostConfig, check_finite
-from rlboost.engine.factory import engine_gpus
+from rlboost.engine.factory import engine_gpus, missing_backend
 from rlboost.spot import load_trace
 from rlboost.trainer.schedule import optimizer_steps
 
@@ -156,14 +156,10 @@ def check_installed(cfg: RLBoostConfig) -> None:
     `cuda` device. A local run (no `cluster.ray_address`) runs all of it on this machine; on a cluster
     only the driver's own part (a colocated engine, a single trainer rank) is checked here, the nodes'
     when their workers start."""
-    import importlib.util
-
     local = not cfg.cluster.ray_address
     engine_here = local or cfg.rollout.mode == "colocated"
-    if engine_here and cfg.engine.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        from rlboost.engine.vllm_backend import INSTALL_HINT
-
-        raise ConfigError(f"engine.backend=vllm needs vLLM, which is not installed here: {INSTALL_HINT}")
+    if engine_here and (missing := missing_backend(cfg.engine)) is not None:
+        raise ConfigError(missing)
     for key, device, here in (("engine.device", cfg.engine.device, engine_here),
                               ("trainer.device", cfg.trainer.device, local or cfg.trainer.world_size == 1)):
         if here and str(device).startswith("cuda") and not torch.cuda.is_available():

@@ -43,6 +43,18 @@ def engine_gpus(engine: EngineConfig) -> tuple[int, str]:
     return 1, "rlboost's engine"
 
 
+def missing_backend(engine: EngineConfig) -> str | None:
+    """What `engine.backend` needs that this Python lacks, as one line with the command that installs
+    it; None when nothing is missing (rlboost's engine needs nothing more)."""
+    import importlib.util
+
+    if engine.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        from rlboost.engine.vllm_backend import INSTALL_HINT
+
+        return f"engine.backend=vllm needs vLLM, which is not installed here: {INSTALL_HINT}"
+    return None
+
+
 def make_engine(model: ModelConfig, engine: EngineConfig, eos_token_ids: Iterable[int] = (), *,
                 weights: Mapping[str, object] | Literal["checkpoint"] | None = CHECKPOINT, version: int = 0,
                 num_threads: int | None = None, draft_tokens: int = 0) -> EngineBackend:
