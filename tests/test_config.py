@@ -146,7 +146,8 @@ def test_histospec_on_vllm_is_refused_across_tensor_parallel_processes_and_with_
     from rlboost.checks import validate
 
     find_spec = importlib.util.find_spec  # vLLM counts as installed here (its absence is test_cli's)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
 
     validate(load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true"]))
     cfg = load_config(RLBoostConfig, overrides=["engine.backend=vllm", "rollout.histospec.enabled=true",

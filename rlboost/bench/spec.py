@@ -8,7 +8,8 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
     (the previous epoch's responses, as in training).
 Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches over the first
 `batch` prompts together; each `turns` times, plain and speculating in turn (counterbalanced: plain,
-spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples' lengths). tokens/s counts generated
+spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples'
+lengths). tokens/s counts generated
 tokens over wall time (prefill included, the same for both); every engine generates a few tokens
 before the first turn (vLLM's first steps are several times slower). `accepted_per_verify` is the mean
 accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that

@@ -24,8 +24,8 @@ from pathlib import Path
 from rich.table import Table
 
 from rlboost.bench.grpo import chat_prompts, grpo_steps
-from rlboost.data import TASKS, DatasetError, arithmetic_rows, read_rows, task_rows
-from rlboost.data.reasoning_gym import dataset_name
+from rlboost.data import DatasetError, arithmetic_rows, read_rows, task_rows
+from rlboost.data.tasks import is_task
 from rlboost.engine import EngineConfig, LLMEngine
 from rlboost.histospec.recording import GroupRecorder, read_recording
 from rlboost.histospec.projection import projected_speedup
@@ -59,8 +59,9 @@ def record_histories(cfg, path: Path, log=lambda *a: None) -> None:
 
 def _prompts(cfg) -> tuple[list, object]:
     """The rows to record and their reward (None: the showcase's): `cfg.data`'s first `cfg.prompts` rows
-    (a file's, or a built-in task's train split) or the showcase's arithmetic prompts; `cfg.reward`'s function, else the built-in one for `cfg.data`."""
-    if cfg.data in TASKS or dataset_name(cfg.data) is not None:
+    (a file's, or a built-in task's train split) or the showcase's arithmetic prompts; `cfg.reward`'s
+    function, else the built-in one for `cfg.data`."""
+    if is_task(cfg.data):
         rows = task_rows(cfg.data, cfg.prompts, cfg.seed, "train")
     elif cfg.data:
         rows = read_rows(cfg.data)[:cfg.prompts]

@@ -7,7 +7,7 @@ from typing import Any
 
 from rlboost.data.reasoning_gym import check_task as check_reasoning_gym_task
 from rlboost.data.reasoning_gym import dataset_name
-from rlboost.data.tasks import TASKS, check_arithmetic_params, check_countdown_params
+from rlboost.data.tasks import TASKS, check_arithmetic_params, check_countdown_params, is_task
 
 
 @dataclass
@@ -92,8 +92,9 @@ class DataConfig:
             files = getattr(self, name)
             if not isinstance(files, (list, tuple)) or not all(isinstance(f, str) and f for f in files):
                 raise ValueError(f"data.{name} must be a list of file paths, got {files!r}")
-        if dataset_name(self.task) is None and self.task not in TASKS:
-            raise ValueError(f"data.task must be one of {', '.join(TASKS)} or reasoning_gym:NAME, got {self.task!r}")
+        if not is_task(self.task):
+            raise ValueError(f"data.task must be one of {', '.join(TASKS)} or reasoning_gym:NAME, "
+                             f"got {self.task!r}")
         for name, least in (("train_size", 1), ("val_size", 0), ("train_batch_size", 1),
                             ("max_prompt_length", 1), ("max_response_length", 1)):
             value = getattr(self, name)
@@ -106,10 +107,12 @@ class DataConfig:
             raise ValueError(f"data.seed must be an int, got {self.seed!r}")
         self.arithmetic.validate()
         self.countdown.validate()
-        if (name := dataset_name(self.task)) is not None and not self.train_files:
+        name = dataset_name(self.task)
+        if name is not None and not self.train_files:
             check_reasoning_gym_task(name, dict(self.reasoning_gym))
-        elif self.reasoning_gym and dataset_name(self.task) is None:
-            raise ValueError(f"data.reasoning_gym is set but data.task={self.task!r} is not a reasoning_gym:NAME task")
+        elif name is None and self.reasoning_gym:
+            raise ValueError(f"data.reasoning_gym is set but data.task={self.task!r} is not a reasoning_gym:NAME "
+                             "task")
 
     def task_params(self) -> dict:
         """Keyword parameters of the selected built-in task's row generator (a reasoning-gym dataset's

@@ -52,7 +52,8 @@ def package():
     return reasoning_gym, DATASETS
 
 
-def check_task(name: str, params: dict, task_key: str = "data.task", params_key: str = "data.reasoning_gym") -> None:
+def check_task(name: str, params: dict, task_key: str = "data.task",
+               params_key: str = "data.reasoning_gym") -> None:
     """Raise ValueError naming `task_key` (no such dataset, package missing) or `params_key` (a field
     the dataset's config does not have, a value its config refuses)."""
     try:

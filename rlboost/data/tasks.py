@@ -106,6 +106,11 @@ def countdown_rows(n: int, seed: int, split: str, num_numbers: int = 3, max_numb
 TASKS: dict[str, Callable[..., list[PromptRow]]] = {"arithmetic": arithmetic_rows, "countdown": countdown_rows}
 
 
+def is_task(name: str) -> bool:
+    """Whether `name` is a task `task_rows` generates: a built-in one or `reasoning_gym:NAME`."""
+    return name in TASKS or dataset_name(name) is not None
+
+
 def task_rows(name: str, n: int, seed: int, split: str, **params) -> list[PromptRow]:
     """Rows of the built-in task `name` (or `reasoning_gym:NAME`); `params` are that task's own parameters."""
     if (dataset := dataset_name(name)) is not None:
