@@ -2,13 +2,14 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from rlboost.models import ModelConfig, load_model, tiny_model
+from rlboost.models import ModelConfig, load_model, loading, tiny_model
 from rlboost.models.loading import bundled_gguf_path, bundled_smollm2_folder, model_problem
 
 
@@ -78,16 +79,32 @@ def test_hf_checkpoint_folder_roundtrip(tmp_path, smollm2):
 
 
 def test_gguf_conversion_is_faithful(tmp_path, monkeypatch, smollm2):
-    """Loading the GGUF directly (as transformers does) gives the weights of our converted cache folder."""
+    """Loading the GGUF directly (as transformers does) gives the weights of our converted cache folder, and a
+    fresh conversion writes a standard folder of them. transformers takes about 30 s to parse this GGUF (gguf-py
+    reads its 49k-entry vocabulary field by field, twice), so the conversion is handed what the direct load
+    got from that same call on that same file (checked) instead of parsing it a second time."""
     monkeypatch.setenv("RLBOOST_CACHE", str(tmp_path / "cache"))
     gguf = bundled_gguf_path()
     link = tmp_path / "gguf" / gguf.name
     link.parent.mkdir()
     link.symlink_to(gguf)
     direct = load_model(ModelConfig(path=str(link)))
+    assert direct.model.dtype == torch.float32
     converted = smollm2.model.state_dict()
     assert all(torch.equal(v, converted[k]) for k, v in direct.model.state_dict().items())
+
+    asked = []
+
+    def parsed_already(what):
+        def from_pretrained(folder, gguf_file=None, **kwargs):
+            asked.append((Path(folder, gguf_file).resolve(), kwargs.get("dtype", torch.float32)))
+            return what
+        return type("Parsed", (), {"from_pretrained": staticmethod(from_pretrained)})
+
+    monkeypatch.setattr(loading, "AutoModelForCausalLM", parsed_already(direct.model))
+    monkeypatch.setattr(loading, "AutoTokenizer", parsed_already(direct.tokenizer))
     folder = bundled_smollm2_folder()  # a fresh cache: converts now
+    assert asked == [(gguf.resolve(), torch.float32)] * 2, asked  # the direct load's own call
     assert (folder / "model.safetensors").is_file() and str(folder).startswith(str(tmp_path))
     assert_standard_hf_folder(folder, direct.model)
     shutil.rmtree(tmp_path / "cache")
