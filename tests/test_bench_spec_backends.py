@@ -27,12 +27,26 @@ def bench(tmp_path, monkeypatch, *flags):
     return json.loads(path.read_text())["results"]
 
 
+def assert_verified_drafts_accepted(rows: list[dict]) -> None:
+    """HistoSpec's rows, greedy with the history of the same weights: every draft is the response itself,
+    so a row that verified drafts accepted tokens of them. Whether a row verifies at all is the budget's
+    call from step times it measured, which a loaded machine moves (beside vLLM's tests it ran batch 2
+    plain); the first batch after the budget is made fresh always verifies (whole drafts, before any
+    verify step is timed), so batch 1 must."""
+    histospec = [r for r in rows if r["drafter"] == "ngram"]
+    assert histospec
+    for r in histospec:
+        assert r["spec_step_fraction"] > 0 or r["batch"] != 1, r
+        assert r["accepted_per_verify"] > 0 or r["spec_step_fraction"] == 0, r
+
+
 def test_rlboost_alone_keeps_its_rows(tmp_path, monkeypatch):
     rows = bench(tmp_path, monkeypatch)
     assert [(r["condition"], r["batch"], r["backend"], r["drafter"]) for r in rows] == [
         ("same_weights", 1, "rlboost", "ngram"), ("same_weights", 2, "rlboost", "ngram")]
-    for r in rows:  # greedy with the history of the same weights: every draft is the response itself
-        assert r["identical"] == 1.0 and r["speedup"] > 0 and r["accepted_per_verify"] > 0, r
+    for r in rows:
+        assert r["identical"] == 1.0 and r["speedup"] > 0, r
+    assert_verified_drafts_accepted(rows)
 
 
 def test_unknown_backend_or_unavailable_vllm_method_is_one_line(tmp_path, monkeypatch, capsys):
@@ -62,8 +76,7 @@ def test_both_backends_side_by_side_with_vllms_own_ngram(tmp_path):
         for backend, drafter in (("rlboost", "ngram"), ("vllm", "ngram"), ("vllm", "vllm:ngram"))]
     for r in rows:
         assert r["identical"] == 1.0 and r["speedup"] > 0, r  # greedy: every backend and method is lossless
-        if r["drafter"] == "ngram":  # HistoSpec's drafts, from the history of the same greedy responses
-            assert r["accepted_per_verify"] > 0, r
+    assert_verified_drafts_accepted(rows)  # HistoSpec's drafts, on rlboost's engine and verified by vLLM
 
 
 def test_each_turn_draws_seeds_of_its_own_the_same_for_both_engines():
