@@ -97,14 +97,14 @@ def test_gguf_conversion_is_faithful(tmp_path, monkeypatch, smollm2):
 
     def parsed_already(what):
         def from_pretrained(folder, gguf_file=None, **kwargs):
-            asked.append((Path(folder, gguf_file).resolve(), kwargs.get("dtype", torch.float32)))
+            asked.append((Path(folder, gguf_file).resolve(), kwargs.get("dtype")))
             return what
         return type("Parsed", (), {"from_pretrained": staticmethod(from_pretrained)})
 
     monkeypatch.setattr(loading, "AutoModelForCausalLM", parsed_already(direct.model))
     monkeypatch.setattr(loading, "AutoTokenizer", parsed_already(direct.tokenizer))
     folder = bundled_smollm2_folder()  # a fresh cache: converts now
-    assert asked == [(gguf.resolve(), torch.float32)] * 2, asked  # the direct load's own call
+    assert asked == [(gguf.resolve(), None), (gguf.resolve(), torch.float32)], asked  # the direct load's calls
     assert (folder / "model.safetensors").is_file() and str(folder).startswith(str(tmp_path))
     assert_standard_hf_folder(folder, direct.model)
     shutil.rmtree(tmp_path / "cache")
