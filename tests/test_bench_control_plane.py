@@ -33,13 +33,13 @@ def test_the_newest_row_with_a_count_is_the_one_on_record(tmp_path):
 
     result = {"results": [{"instances": 64, "worker": "light", "time_scale": 3.0, "samples_per_step": 2048,
                            "step_s": 60.0, "reports_per_s": 290.0, "loop_busy_fraction": 0.136,
-                           "on_record": last_on_record(rows, 64)},
+                           "relay_busy_fraction": 0.071, "on_record": last_on_record(rows, 64)},
                           {"instances": 256, "worker": "light", "time_scale": 3.0, "samples_per_step": 8192,
                            "step_s": 80.0, "reports_per_s": 900.0, "loop_busy_fraction": 0.2, "on_record": None}]}
     console = Console(width=200, record=True)
     console.print(render(result))
     text = console.export_text()
-    assert "13.6%" in text and "16.0% at bbb" in text
+    assert "13.6%" in text and "16.0% at bbb" in text and "7.1%" in text
 
 
 @pytest.mark.parametrize("content, says", [
@@ -57,3 +57,7 @@ def test_a_broken_record_is_refused_in_one_line_before_the_run(tmp_path, content
     said = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 2 and "Traceback" not in said
     assert said.count("\n") == 0 and f"--record={record}" in said, said
+
+
+def test_the_default_time_scale_keeps_the_report_rate_of_64_instances_at_3():
+    assert [control_plane.default_time_scale(n) for n in (4, 16, 64, 256)] == [1.0, 1.0, 3.0, 12.0]

@@ -135,7 +135,7 @@ class Recorder:
 
 
 def handle(name, kind=PREEMPTIBLE) -> WorkerHandle:
-    return WorkerHandle(name, kind, actor=None, pid=0, node_id="", max_running=4, stream=object())
+    return WorkerHandle(name, kind, actor=None, pid=0, node_id="", max_running=4, streaming=True)
 
 
 def test_the_table_tells_its_one_listener_of_every_membership_change():
@@ -180,7 +180,7 @@ def test_the_metrics_are_read_from_the_report_alone():
                       tokens_by_kind=Counter({RESERVED: 100, PREEMPTIBLE: 300}))
     stats.migrated["preempted"] = 4
     report = StepReport(stats=stats, samples=8, response_tokens=400, t0=0.0, released_s=2.0, trainer_wait_s=1.0,
-                        remote_s=6.0, wait_remote_s=3.0, loop_cpu_s=0.5, reports=10,
+                        remote_s=6.0, wait_remote_s=3.0, loop_cpu_s=0.5, relay_cpu_s=0.25, reports=10,
                         pulls=PullStats(pulls=[("p0", 1.0, 10, "full"), ("p1", 3.0, 4, "patch")], provision_s=[4.0]),
                         deaths_between_steps=(("p2", "lost", True), ("p3", "released", False)))
     assert report.preemptions == 2  # one in the step, one between steps

@@ -46,6 +46,8 @@ class EmulatedStep:
     """The instance cap the controller set after the step."""
     loop_cpu_s: float
     """CPU time of the manager's loop thread over the step's rollout."""
+    relay_cpu_s: float
+    """CPU time of the report relay's process over the step's rollout (`rlboost.hybrid.report_relay`)."""
     driver_cpu_s: float
     """CPU time of the whole driver process over the step: the manager, Ray's client threads, the
     provider, the stand-in trainer, the publish."""
@@ -194,7 +196,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
                 e = steps[-1]
                 log(f"  step {k}: {e.step_s:.2f} s wall, rollout {e.rollout_s:.2f} s, T_seed {e.seed_s:.2f} s, "
                     f"{e.instances} instances, {e.preemptions} preempted, cap {e.cap}, {e.migrations} migrations, "
-                    f"manager loop {e.loop_cpu_s:.2f} CPU s"
+                    f"manager loop {e.loop_cpu_s:.2f} CPU s, relay {e.relay_cpu_s:.2f} CPU s"
                     + "".join(f"\n    {t:.2f} s: {name} dead: {why}" for t, name, why in e.deaths))
     finally:
         if rollout is not None:
@@ -238,6 +240,6 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         train_s=compute, instances=int(metrics["spot/instances"]), preemptions=int(metrics["spot/preemptions"]),
         migrations=int(metrics["migration/samples"]),
         cap=int(metrics["spot/cap"]) if "spot/cap" in metrics else None, loop_cpu_s=run.loop_cpu_s,
-        driver_cpu_s=driver_cpu, tokens=sum(len(s.response_ids) for g in done for s in g.samples),
+        relay_cpu_s=run.relay_cpu_s, driver_cpu_s=driver_cpu, tokens=sum(len(s.response_ids) for g in done for s in g.samples),
         samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports,
         instance_s=metrics["spot/instance_s"])

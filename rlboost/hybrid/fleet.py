@@ -76,6 +76,7 @@ class Fleet:
         self._stopping = False
         manager.table.on_retire = self._retire
         manager.table.on_dead = self._replace
+        manager.reader.start()  # the report relay boots before any worker's boot queues ahead of it
 
     def publish(self, state: dict | WeightManifest, version: int) -> WeightManifest:
         """Put version `version` in the weight store once and make it the one to serve: reserved

@@ -43,8 +43,9 @@ class WorkerHandle:
     """When it first held the current weights."""
     pull: Call | None = None
     pull_failures: int = 0
-    stream: object | None = None
-    """Its report stream (a Ray streaming generator), read for its whole life."""
+    streaming: bool = False
+    """Its report stream is open: the manager's report relay reads it for the worker's whole life
+    (`rlboost.hybrid.report_relay`), until it ends or fails."""
     fenced: str | None = None
     """Why it was declared dead; None while alive."""
     released: bool = False

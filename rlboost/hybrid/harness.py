@@ -172,20 +172,12 @@ def kill(fleet: Fleet, worker: Pick, how: str | None = None) -> Callable[[StepRu
 
 @contextlib.contextmanager
 def reports_held(fleet: Fleet, name: str, held: Callable[[], None] = lambda: None):
-    """Inside: the manager's reader skips worker `name`'s stream, as a reader fallen behind on it would
-    (its reports wait unread in Ray, as many as backpressure lets it send); `held()` is called by the
-    reader's first round without it. Outside: read again, whatever happened."""
-    reader, every = fleet.manager.reader, fleet.manager.table.handles
-
-    def without_it():
+    """Inside: the manager's report relay skips worker `name`'s stream, as a reader fallen behind on it
+    would (its reports wait unread in Ray, as many as backpressure lets it send); `held()` is called once
+    a round of the relay's reader has started without it. Outside: read again, whatever happened."""
+    with fleet.manager.reader.held(name):
         held()
-        return [h for h in every() if h.name != name]
-
-    reader.handles = without_it
-    try:
         yield
-    finally:
-        reader.handles = every
 
 
 # ---- one step ---------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from rlboost.hybrid.config import HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
 from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
-from rlboost.hybrid.streams import ReportReader
+from rlboost.hybrid.report_relay import RelayedReports
 from rlboost.hybrid.worker_table import WorkerTable
 from rlboost.policies.handoff import StepOutlook
 from rlboost.policies import Balancer, JSQDispatcher, ThroughputProfile
@@ -44,8 +44,9 @@ class RolloutManager:
     def __init__(self, cfg: HybridConfig, weights: WeightsConfig):
         self.cfg = cfg
         self.table = WorkerTable()
-        self.reader = ReportReader(self.table.handles)
-        """Takes every report the moment it arrives while a step runs (`rlboost.hybrid.streams`)."""
+        self.reader = RelayedReports(self.table.get)
+        """The workers' reports, taken the moment they arrive by a relay process on this machine while a
+        step runs, handed to the step in batches (`rlboost.hybrid.report_relay`)."""
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
@@ -66,9 +67,8 @@ class RolloutManager:
             self.pulls.stats.refused.append((handle.name, why))
             ray.kill(handle.actor, no_restart=True)
             return False
-        # at most max_unacked_reports ahead of the reader (Ray's backpressure; 0: none, -1 to Ray)
-        handle.stream = handle.actor.stream.options(
-            num_returns="streaming", _generator_backpressure_num_objects=self.cfg.max_unacked_reports or -1).remote()
+        # at most max_unacked_reports ahead of the relay (Ray's backpressure; 0: none)
+        self.reader.watch(handle, self.cfg.max_unacked_reports)
         handle.last_report = time.monotonic()
         handle.profile = ThroughputProfile(tolerance=self.cfg.plateau_tolerance)
         handle.state = WorkerState.SERVING if self._holds_current(handle) else WorkerState.JOINING
@@ -152,6 +152,7 @@ class RolloutManager:
         self.cancel_step()
         self.reader.pause()
         self.table.shutdown()
+        self.reader.close()
 
     def _holds_current(self, h: WorkerHandle) -> bool:
         m = self.pulls.manifest

@@ -34,6 +34,8 @@ class StepReport:
     """t_wait_remote: from the step's last response to the end of its training (0 without instances)."""
     loop_cpu_s: float
     """CPU seconds of the step's loop thread: the manager's own overhead."""
+    relay_cpu_s: float
+    """CPU seconds of the report relay's process in the step: reading the workers' streams for the manager."""
     reports: int
     """Worker reports the loop handled."""
     pulls: PullStats
@@ -87,6 +89,7 @@ def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: flo
         "rollout/seed_window_s": seed_window_s,
         "rollout/reserved_tokens_per_s": reserved_tokens_per_s,
         "rollout/manager_cpu_s": report.loop_cpu_s,
+        "rollout/relay_cpu_s": report.relay_cpu_s,
         "rollout/tail_s": stats.tail_s,
         "timing_s/gen": stats.rollout_s,
         "timing_s/seed": stats.seed_s,

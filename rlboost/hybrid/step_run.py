@@ -29,7 +29,8 @@ from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.sibling_relay import SiblingRelay
 from rlboost.hybrid.step_report import StepReport
-from rlboost.hybrid.streams import ReportReader, TurnPacer
+from rlboost.hybrid.report_relay import RelayedReports
+from rlboost.hybrid.streams import TurnPacer
 from rlboost.hybrid.token_ledger import ledger_path, read_ledger
 from rlboost.hybrid.wire import WorkerReport
 from rlboost.hybrid.worker_table import WorkerTable, describe
@@ -67,7 +68,7 @@ class StepPolicies:
 class StepRun:
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
 
-    def __init__(self, table: WorkerTable, reader: ReportReader, pulls: PullTracker, policies: StepPolicies,
+    def __init__(self, table: WorkerTable, reader: RelayedReports, pulls: PullTracker, policies: StepPolicies,
                  cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
                  seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None,
                  sibling_tokens_per_step: int = 0):
@@ -89,7 +90,9 @@ class StepRun:
         """When the reserved resources became the trainer's (monotonic)."""
         self.trainer_wait_s = 0.0
         self.loop_cpu_s = 0.0
-        """CPU seconds the loop thread and the report reader used for the step: the manager's own overhead."""
+        """CPU seconds the loop thread used for the step: the manager's own overhead."""
+        self.relay_cpu_s = 0.0
+        """CPU seconds of the report relay's process in the step (`rlboost.hybrid.report_relay`)."""
         self.reports = 0
         """Worker reports the loop handled in the step."""
         self._out: queue.SimpleQueue = queue.SimpleQueue()
@@ -147,7 +150,8 @@ class StepRun:
             stats=state.stats, samples=len(state.tracked),
             response_tokens=sum(track.tokens for track in state.tracked.values()),
             t0=self.t0, released_s=(self.released_at or end) - self.t0, trainer_wait_s=self.trainer_wait_s,
-            remote_s=remote_s, wait_remote_s=wait_remote_s, loop_cpu_s=self.loop_cpu_s, reports=self.reports,
+            remote_s=remote_s, wait_remote_s=wait_remote_s, loop_cpu_s=self.loop_cpu_s,
+            relay_cpu_s=self.relay_cpu_s, reports=self.reports,
             pulls=self.pulls.take_stats(), deaths_between_steps=tuple(self.table.between_steps.take()))
 
     def tokens(self) -> int:
@@ -244,7 +248,6 @@ class StepRun:
     def _run(self) -> None:
         cpu0 = time.thread_time()
         state = self.state
-        reader_cpu_s = 0.0
         with self.table.owner:  # the step's, from its first turn to its end: released here and nowhere else
             try:
                 self._take_over()
@@ -274,10 +277,10 @@ class StepRun:
                 self._out.put(e)
             finally:
                 self._owning.set()  # also when taking over failed: start() returns, groups() raises
-                reader_cpu_s = self._reader.pause()
+                self.relay_cpu_s = self._reader.pause()
                 self._release_reserved()
                 self.table.listen(None)
-        self.loop_cpu_s = time.thread_time() - cpu0 + reader_cpu_s
+        self.loop_cpu_s = time.thread_time() - cpu0
 
     def _housekeeping(self, now: float) -> None:
         table = self.table

@@ -1,11 +1,14 @@
-"""Reading the workers' report streams: every report taken the moment it arrives, handled in batched turns.
+"""Reading the workers' report streams: every report taken the moment it arrives, handed over in batches.
+
+`ReportReader` runs in the report relay's process (`rlboost.hybrid.report_relay`), which owns the
+streams; the manager's loop takes what it took once a turn. `TurnPacer` paces the manager's turns.
 
 Contract:
-- Each worker's stream runs at most `max_unacked_reports` reports ahead of the manager (Ray's
-  streaming-generator backpressure, set where the stream starts: `RolloutManager.add_worker`). Ray
-  counts a report acknowledged once the manager has taken its reference off the stream, and the
+- Each worker's stream runs at most `max_unacked_reports` reports ahead of its reader (Ray's
+  streaming-generator backpressure, set where the stream starts: `ReportRelay.watch`). Ray
+  counts a report acknowledged once the reader has taken its reference off the stream, and the
   worker's `yield` blocks while that many are unacknowledged; a taken reference's report already
-  sits in the manager's process (a report is small enough for Ray to carry it inline). So a kill
+  sits in the reader's process (a report is small enough for Ray to carry it inline). So a kill
   loses at most those reports and the tokens generated since the last one: (max_unacked_reports + 1)
   x stream_interval per request (invariant 4).
 - `ReportReader` takes the reports on a thread of its own while `run()` is on (the step's): while
@@ -14,7 +17,7 @@ Contract:
   waits on all of them at once until one has a report. So a report is acknowledged within about 50 ms
   of its arrival, and the reader's cost is a paced poll, not a wait over every stream per report; an acknowledgement paced by the loop's turns (20-200 ms) would idle the
   workers instead.
-- `receive(timeout)` (the step's loop thread) returns what was taken since its last call, in each
+- `receive(timeout)` (the relay's `take`) returns what was taken since its last call, in each
   stream's order: (handle, report, None) per report, or (handle, None, why) once a stream ended or
   failed (the worker is gone; the stream is closed). It blocks up to `timeout` only when nothing at
   all was taken, and comes back at most once per `turn_s`: a loop that comes back faster handles the
@@ -101,6 +104,10 @@ class ReportReader:
         self._failure = None
         self._thread = threading.Thread(target=self._read, name="report-reader", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
 
     def pause(self) -> float:
         """Stop taking reports (the step ended); what was taken stays for the next step's turns.

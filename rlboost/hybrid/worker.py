@@ -12,8 +12,8 @@ Contract (docs/hybrid.md, "The code"):
   `stream_interval` decode steps later whatever the batch, not after every engine step. A hard kill
   thus loses at most `stream_interval` tokens per request that were never sent, plus the reports Ray
   was still carrying (a streaming generator's items that arrive after its task failed are dropped):
-  the manager starts the stream with Ray's backpressure, so a `yield` blocks while
-  `max_unacked_reports` reports are not yet taken by the manager, and the engine does not step
+  the manager's report relay starts the stream with Ray's backpressure, so a `yield` blocks while
+  `max_unacked_reports` reports are not yet taken by the relay, and the engine does not step
   meanwhile (invariant 4: at most (max_unacked_reports + 1) x stream_interval per request).
   A report holding only finished requests' last chunks (which never grow) may wait for the next one,
   up to `report_delay_s`. An idle worker still reports every `heartbeat_interval_s`.
