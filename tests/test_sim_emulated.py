@@ -339,16 +339,23 @@ def test_a_light_rollout_worker_never_imports_torch():
 
 
 @pytest.mark.e2e
-def test_simulated_and_emulated_steps_agree():
+def test_simulated_and_emulated_steps_agree(monkeypatch):
     # The real control plane (Ray, manager, controller, fixed pool, light workers, pulls of real bytes)
     # on emulated engines, against the simulator on the same configuration. check_step, run inside,
     # asserts every group and sample exactly once, on-policy, exact tokens and the workload's lengths.
+    import ray
+
     from rlboost.bench.emulation import CheckConfig, run_check
 
+    taken_here = []  # report-stream items taken in this (the manager's) process: the relay's job, not ours
+    take = ray.ObjectRefGenerator.__next__
+    monkeypatch.setattr(ray.ObjectRefGenerator, "__next__", lambda gen: taken_here.append(1) or take(gen))
     cfg = CheckConfig(instances=2, reserved_engines=1, prompts=8, samples=4, steps=2, length_scale=1 / 48,
                       max_num_seqs=8, seed_window_s=1.0, worker="light")
     result = run_check(cfg)
     assert [e.samples for e in result.emulated] == [32, 32]
+    # the manager's loop handled reports, all taken off their streams by the report relay's process
+    assert all(e.reports > 0 and e.relay_cpu_s > 0 for e in result.emulated) and taken_here == []
     assert all(e.migrations > 0 for e in result.emulated[:1])  # the seeding hand-off moved samples
     assert result.memory.get("workers_with_torch", 0) == 0  # the light workers stayed torch-free
     for row in result.rows():
