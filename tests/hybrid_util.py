@@ -148,6 +148,19 @@ def gated_pulls(gate: str) -> Callable[[WorkerSpec], object]:
 CLUSTER_KEYS = {f.name for f in dataclasses.fields(ClusterConfig)}
 
 
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 2):
+    """A Ray cluster of the test's own (`address="local"`: `ray.init()` alone would join the one
+    /tmp/ray/ray_current_cluster names), shut down after, whatever happened."""
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None,
                 **cfg) -> tuple[OwnClusterFleet, dict]:
     """A fleet of 1 reserved and `num_preemptible` workers of the test model serving version 0, on a cluster

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import patience
+from hybrid_util import local_ray, patience
 from rlboost.hybrid import streams
 from rlboost.hybrid.streams import ReportReader
 
@@ -50,12 +50,8 @@ class Producer:
 
 @pytest.fixture(scope="module")
 def cluster():
-    # address="local": a cluster of its own (ray.init() alone joins the one /tmp/ray/ray_current_cluster names)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 def open_streams(producer, count: int, reports: int, interval_s: float = 0.0) -> list[SimpleNamespace]:

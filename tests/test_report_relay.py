@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import patience
+from hybrid_util import local_ray, patience
 from rlboost.hybrid.report_relay import RelayedReports
 
 AHEAD = 2
@@ -49,12 +49,8 @@ class Streamer:
 
 @pytest.fixture(scope="module")
 def cluster():
-    # address="local": a cluster of its own (ray.init() alone joins the one /tmp/ray/ray_current_cluster names)
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture
