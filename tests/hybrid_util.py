@@ -200,13 +200,13 @@ def heartbeat_timeout(fleet: Fleet, seconds: float):
 
 
 def run_step(fleet: Fleet, handoff: Callable[[StepRun], bool] | None = reserved_streamed, faults: list[Fault] = (),
-             version: int | None = None):
+             version: int | None = None, expected: Callable[[str], float | None] | None = None):
     """One step of the workload at `version` (default: the one the fleet serves) with `faults` at exact
-    events (`harness.run_step`: the hand-off at `handoff`, a stalled step cancelled). Returns (groups in
-    arrival order, the StepRun)."""
+    events (`harness.run_step`: the hand-off at `handoff`, a stalled step cancelled); `expected`: the
+    lengths a history would expect (uid -> tokens). Returns (groups in arrival order, the StepRun)."""
     groups = new_groups(next(STEPS), prompts(), N, run_seed=0)
     version = fleet.manifest.version if version is None else version
-    return harness.run_step(fleet.manager, groups, GREEDY, version, handoff, faults)
+    return harness.run_step(fleet.manager, groups, GREEDY, version, handoff, faults, expected=expected)
 
 
 def refill(fleet: Fleet) -> None:

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, heartbeat_timeout, kill,
-                         make_whole, patience, preemptible, reference, refill, run_step, start_fleet,
-                         version_weights)
+from hybrid_util import (ENGINE, advance, after_tokens, busiest, check_invariants, handed_off, heartbeat_timeout, key,
+                         kill, make_whole, patience, preemptible, reference, refill, run_step, start_fleet,
+                         version_weights, wait_for)
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED
 from rlboost.hybrid.harness import reports_held, reserved
 from rlboost.hybrid.token_ledger import read_ledger
@@ -67,6 +67,50 @@ def test_sigkilled_workers_lose_no_sample(fleet, seed):
     assert run.stats.preemptions == 2 and run.stats.migrated["preempted"] > 0, run.stats
     assert run.stats.in_flight_at_preemption > 0
     assert any(t.migrations >= 1 for t in run.tracked.values())
+
+
+@pytest.mark.e2e
+def test_a_noticed_instance_keeps_what_it_finishes_before_the_kill_at_its_deadline(fleet):
+    """A real preemption notice, then a real SIGKILL when its deadline comes (a cloud's warning and its
+    kill). The history expects the even samples of each group to end at their true lengths (at the base
+    weights) and the odd ones never to end: on the noticed instance the even ones that have started stay,
+    to finish at its measured speed before the kill, and the rest move at once; whatever is left `notice_margin_s`
+    (scaled with the machine's load) before the kill is taken back then. Nothing is wasted, and every
+    sample ends exactly once with the exact tokens of its version. The kill lands at the deadline, in
+    the step or after it when the step ended first."""
+    lengths = {k: len(tokens) for k, (tokens, _) in reference().items()}
+    noticed = {}
+    margin = patience(2.0)  # an abort's round trip, on this machine as loaded as it is
+    seconds = 3 * margin
+
+    def expected(uid: str) -> float:
+        return 1e9 if int(uid.rsplit(":", 1)[1]) % 2 else lengths[key(uid)]
+
+    def warn(run):
+        noticed["name"] = name = busiest(run)
+        noticed["held"] = sorted(run.state.workers[name].assigned)
+        noticed["kill_at"] = time.monotonic() + seconds
+        fleet.notice(name, seconds)
+
+    def deadline(run) -> bool:
+        return "kill_at" in noticed and time.monotonic() >= noticed["kill_at"]
+
+    saved, fleet.manager.cfg.notice_margin_s = fleet.manager.cfg.notice_margin_s, margin
+    try:
+        out, run = run_step(fleet, faults=[
+            (lambda run: handed_off(run) and (b := busiest(run)) and after_tokens(lambda _: b, 8)(run), warn),
+            (deadline, kill(fleet, lambda run: noticed["name"]))], expected=expected)
+    finally:
+        fleet.manager.cfg.notice_margin_s = saved
+    check_invariants(out, run, state=fleet.served())
+    odd = [uid for uid in noticed["held"] if int(uid.rsplit(":", 1)[1]) % 2]
+    assert odd and len(odd) < len(noticed["held"]), noticed  # some of each kind were on the instance
+    assert 0 < run.stats.kept_through_notice <= len(noticed["held"]) - len(odd)  # even ones (started, fitting) stayed
+    assert run.stats.migrated["noticed"] >= len(odd)  # the odd ones moved at the notice
+    assert run.stats.wasted_tokens == 0  # what stayed finished, or was taken back, before the kill
+    if run.stats.preemptions == 0:  # the step ended before the deadline: the kill comes now
+        wait_for(lambda: deadline(run), 60, "the notice's deadline")
+        fleet.preempt(fleet.worker(noticed["name"]))
 
 
 @pytest.mark.e2e

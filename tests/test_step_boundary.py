@@ -121,8 +121,8 @@ class Recorder:
     def ready(self, h, pull_s, now):
         self.events.append(("ready", h.name))
 
-    def noticed(self, h, now):
-        self.events.append(("noticed", h.name))
+    def noticed(self, h, now, deadline):
+        self.events.append(("noticed", h.name, deadline))
 
     def retiring(self, h, now):
         self.events.append(("retiring", h.name))
@@ -148,7 +148,8 @@ def test_the_table_tells_its_one_listener_of_every_membership_change():
     table.causes["c"] = "preempted by the trace"
     table.fence("c", "test")
     table.apply_inbox(1.0)
-    assert listener.events == [("joined", "a"), ("joined", "b"), ("joined", "c"), ("noticed", "a"),
+    # the notice's seconds become its deadline, on the clock of the turn that applies it
+    assert listener.events == [("joined", "a"), ("joined", "b"), ("joined", "c"), ("noticed", "a", 6.0),
                                ("retiring", "b"), ("dying", "c", True), ("died", "c", "test",
                                                                          "preempted by the trace", False)]
     assert table.get("a").state is WorkerState.NOTICED and table.get("b").state is WorkerState.RETIRING

@@ -32,8 +32,9 @@ def memory() -> StepMemory:
 def test_a_step_becomes_history_only_when_absorbed():
     m = memory()
     first = groups(1)
-    order, overruns = m.plan(first, 1)
+    order, overruns, expected = m.plan(first, 1)
     assert order == [s.uid for g in first for s in g.samples] and overruns({}) == []  # nothing known yet
+    assert expected(first[2].samples[0].uid) is None
     m.remember(first)
     for g in first:  # the groups fill in after they were remembered (the hybrid backend remembers at start)
         for s in g.samples:
@@ -41,7 +42,9 @@ def test_a_step_becomes_history_only_when_absorbed():
     assert len(m.history) == 0 and len(m.histopipe.history) == 0
     assert m.absorb()
     assert m.responses(PROMPTS[2]) == [[7] * 23, [7] * 23]
-    assert m.plan(groups(2), 2)[0][:2] == ["2:2:0", "2:2:1"]  # the longest last epoch goes first
+    order, _, expected = m.plan(groups(2), 2)
+    assert order[:2] == ["2:2:0", "2:2:1"]  # the longest last epoch goes first
+    assert expected("2:2:0") == 23 and expected("2:0:1") == 3  # what a notice may leave running expects
     state = m.state_dict()
     assert m.absorb() and m.state_dict() == state  # nothing remembered since: nothing changes
 
@@ -55,7 +58,7 @@ def test_an_evaluation_changes_nothing_and_without_histopipe_there_is_no_plan():
     m.absorb()
     assert json.dumps(m.state_dict()) == before
     bare = StepMemory()
-    assert bare.plan(groups(1), 1) == (None, None) and bare.responses is None
+    assert bare.plan(groups(1), 1) == (None, None, None) and bare.responses is None
     bare.remember(groups(1, {0: 5}))
     assert not bare.absorb() and bare.state_dict() == {}
 

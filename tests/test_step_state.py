@@ -304,6 +304,66 @@ def test_a_notice_takes_every_sample_back_exactly_and_the_kill_that_follows_wast
     s.assert_exact()
 
 
+def noticed_with_a_deadline(keep: bool = True, history_extra: int = 50, observe: bool = True):
+    """Two instances with two samples each; p0 has made 6 tokens of each at 10 tokens/s per sample and
+    gets a notice of its kill 5 s later (margin 1 s). The history expects its first sample's true
+    length (about 24 tokens left: 2.4 s) and the second `history_extra` tokens longer."""
+    lengths = {"0:0": 30, "0:1": 31, "0:2": 32, "0:3": 33}
+    first = {}
+    s = Script(lengths, {uid: 0 for uid in lengths}, seed_window_s=None,
+               config=StepConfig(notice_keep=keep, notice_margin_s=1.0),
+               expected=lambda uid: lengths[uid] + (history_extra if uid == first.get("long") else 0))
+    s.join("p0", max_running=2)
+    s.join("p1", max_running=2)
+    on_p0 = sorted(submitted(s.decide(0.0))["p0"])
+    first["short"], first["long"] = on_p0
+    s.generate("p0", 6)
+    if observe:
+        s.state.observe("p0", 2, 20.0)
+    s.state.notice("p0", 0.1, deadline=5.1)
+    s.execute(s.state.take_commands())
+    return s, first
+
+
+def test_a_notice_with_a_deadline_leaves_the_samples_expected_to_finish_before_it():
+    s, first = noticed_with_a_deadline()
+    [abort] = s.aborts
+    assert abort.worker == "p0" and [s.state.tracked[uid].request_id for uid in (first["long"],)] == abort.request_ids
+    assert s.state.stats.kept_through_notice == 1 and s.state.next_deadline() == pytest.approx(4.1)
+    s.answer(abort)
+    assert "p0" not in submitted(s.decide(0.2))  # noticed: it gets nothing new
+    s.generate("p0", 100)  # the kept sample finishes on the instance, before its kill
+    assert not [c for c in s.decide(4.1) if isinstance(c, Abort)]  # nothing left to take back
+    assert s.state.next_deadline() is None
+    s.kill("p0")
+    assert s.state.stats.wasted_tokens == 0 and s.state.stats.migrated["noticed"] == 1
+    s.run_to_end()
+    s.assert_exact()
+
+
+def test_what_a_noticed_instance_kept_and_did_not_finish_is_taken_back_before_its_kill():
+    s, first = noticed_with_a_deadline()
+    s.answer(s.aborts[0])
+    s.generate("p0", 4)  # slower than its measured speed: not done when the margin before the kill comes
+    assert not [c for c in s.decide(4.0) if isinstance(c, Abort)]
+    [late] = [c for c in s.decide(4.1) if isinstance(c, Abort)]
+    assert late.worker == "p0" and late.reason == "noticed"
+    assert late.request_ids == [s.state.tracked[first["short"]].request_id]
+    s.answer(late)
+    s.kill("p0")
+    assert s.state.stats.wasted_tokens == 0 and s.state.stats.migrated["noticed"] == 2
+    s.run_to_end()
+    s.assert_exact()
+
+
+@pytest.mark.parametrize("why", ["the rule is off", "no speed measured"])
+def test_without_the_rule_or_a_measured_speed_a_notice_takes_everything_back_at_once(why):
+    s, _ = noticed_with_a_deadline(keep=why != "the rule is off", observe=why != "no speed measured")
+    [abort] = s.aborts
+    assert len(abort.request_ids) == 2 and s.state.stats.kept_through_notice == 0
+    assert s.state.next_deadline() is None
+
+
 def test_a_release_takes_the_samples_back_then_retires_the_worker():
     s = step(n_groups=1, n=4, length=30, seed_window_s=None)
     s.join("p0")

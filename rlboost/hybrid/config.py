@@ -4,6 +4,8 @@ dataclasses: importing them loads neither Ray nor torch, so a config can be read
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from rlboost.cluster.resources import INSTANCE_KINDS
@@ -77,6 +79,13 @@ class HybridConfig:
     (max_unacked_reports + 1) x engine.stream_interval tokens per request (invariant 4). 1 waits for
     every report's acknowledgement; 2 lets the next report be generated while one is in transit. 0
     turns backpressure off: no bound on the reports Ray drops with a dead worker."""
+    notice_keep: bool = True
+    """A preemption notice that says when the kill comes leaves the samples HistoPipe's history expects
+    to finish before it on the instance (`rlboost.policies.notice`); the rest are taken back at once.
+    False: every sample is taken back at the notice."""
+    notice_margin_s: float = 2.0
+    """What a noticed instance still holds this long before its kill is taken back then: the time an
+    abort and its answer need; a sample stays only if expected to finish before that."""
     heartbeat_timeout_s: float = 15.0
     """A worker silent for this long is declared dead and fenced (a stuck worker, not only a dead one)."""
     call_timeout_s: float = 120.0
@@ -169,6 +178,8 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.provider={self.provider!r}; choose one of {', '.join(PROVIDERS)}")
         for section in (self.trace, self.offload):
             section.validate()
+        if not (self.notice_margin_s >= 0 and math.isfinite(self.notice_margin_s)):
+            raise ValueError(f"rollout.hybrid.notice_margin_s must be a finite number >= 0, got {self.notice_margin_s}")
         if not 0 < self.manager_cpu_share < 1:
             raise ValueError(f"rollout.hybrid.manager_cpu_share must be in (0, 1), got {self.manager_cpu_share}")
         if self.worker_threads < 1:

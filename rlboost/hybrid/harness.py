@@ -184,7 +184,8 @@ def reports_held(fleet: Fleet, name: str, held: Callable[[], None] = lambda: Non
 
 def run_step(manager: RolloutManager, groups: list[Group], params: SamplingParams, version: int,
              handoff: Callable[[StepRun], bool] | float | None = reserved_streamed, faults: list[Fault] = (),
-             stall_s: float = STALL_S) -> tuple[list[Group], StepRun]:
+             stall_s: float = STALL_S, expected: Callable[[str], float | None] | None = None
+             ) -> tuple[list[Group], StepRun]:
     """One rollout step of `groups` at `version` with `faults` fired at their events. The seeding window
     ends when `handoff(run)` holds (a predicate: the hand-off at an event of the step), after `handoff`
     seconds (a number: the run's own timed window, as a bench measures it), or never (None: every worker
@@ -192,7 +193,8 @@ def run_step(manager: RolloutManager, groups: list[Group], params: SamplingParam
     ended). A step with no progress for `patience(stall_s)` is cancelled: its caller gets an error, not a
     hang."""
     timed = handoff is None or isinstance(handoff, (int, float))
-    run = manager.start_step(groups, params, version=version, seed_window_s=handoff if timed else math.inf)
+    run = manager.start_step(groups, params, version=version, seed_window_s=handoff if timed else math.inf,
+                             expected=expected)
     done = threading.Event()
     if not timed:
         faults = [(handoff, lambda run: run.end_seed_window()), *faults]

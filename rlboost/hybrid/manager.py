@@ -126,15 +126,16 @@ class RolloutManager:
     def start_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
                    history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
-                   sibling_tokens_per_step: int = 0):
+                   sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
         from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
         every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
         no-regret hand-off (None: at the window's end).
-        `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off)."""
+        `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off). `expected`: uid ->
+        the length its prompt's history expects (HistoPipe's), for what a preemption notice leaves running."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
-        policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook)
+        policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook, expected)
         run = StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
                       history, sibling_tokens_per_step)
         self.current = run  # before it starts: whoever ends the run (`cancel_step`) finds it, however this returns

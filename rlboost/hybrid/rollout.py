@@ -80,11 +80,11 @@ class HybridRollout:
         self.step_started = time.monotonic()
         self.training = training
         self.fleet.reap()
-        order = overruns = plan = None
+        order = overruns = expected = plan = None
         if training:
             plan = self.loop.begin(self.instances_at_start)
             self.seed_window_s = plan.seed_window_s
-            order, overruns = self.memory.plan(groups, version)
+            order, overruns, expected = self.memory.plan(groups, version)
             self.memory.remember(groups)
         history = self.memory.responses
         spec = self.fleet.spec.histospec
@@ -92,7 +92,7 @@ class HybridRollout:
         siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
         # an evaluation has no seeding window: every worker generates to the end
         self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
-                                           history, plan and plan.outlook, siblings)
+                                           history, plan and plan.outlook, siblings, expected)
         if self.progress is not None:
             self.progress.begin(self.run.tokens)
         return self._released(self.run)

@@ -73,6 +73,7 @@ def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: flo
         "migration/rebalanced": float(stats.migrated["rebalanced"]),
         "migration/seed_handoff": float(stats.migrated["seed_handoff"]),
         "migration/noticed": float(stats.migrated["noticed"]),
+        "migration/kept_through_notice": float(stats.kept_through_notice),
         "migration/released": float(stats.migrated["released"]),
         "migration/wasted_tokens": float(stats.wasted_tokens),
         "migration/in_flight_at_preemption": float(stats.in_flight_at_preemption),

@@ -63,6 +63,8 @@ class StepPolicies:
     """uid -> tokens so far => the uids far past their history (HistoPipe's), moved first."""
     outlook: StepOutlook | None = None
     """The offload controller's, for the no-regret hand-off (None: at the window's end)."""
+    expected: Callable[[str], float | None] | None = None
+    """uid -> the response length its prompt's history expects (HistoPipe's): what a notice leaves running."""
 
 
 class StepRun:
@@ -82,9 +84,10 @@ class StepRun:
         self.state = StepState(
             [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,
             seed_window_s=seed_window_s, now=self.t0, dispatcher=policies.dispatcher, balancer=policies.balancer,
-            config=StepConfig(share_with_pulling=cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S),
+            config=StepConfig(share_with_pulling=cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S,
+                              notice_keep=cfg.notice_keep, notice_margin_s=cfg.notice_margin_s),
             order=policies.order, overruns=policies.overruns, progress=self._progress,
-            longest_pull_s=pulls.longest_s, outlook=policies.outlook)
+            longest_pull_s=pulls.longest_s, outlook=policies.outlook, expected=policies.expected)
         self.training_may_start = threading.Event()
         self.released_at: float | None = None
         """When the reserved resources became the trainer's (monotonic)."""
@@ -215,8 +218,8 @@ class StepRun:
         elif h.version == self.version:
             self.state.ready(h.name, now, pull_s)
 
-    def noticed(self, h: WorkerHandle, now: float) -> None:
-        self.state.notice(h.name, now)
+    def noticed(self, h: WorkerHandle, now: float, deadline: float | None) -> None:
+        self.state.notice(h.name, now, deadline)
 
     def retiring(self, h: WorkerHandle, now: float) -> None:
         self.state.retire(h.name, now)  # the step gives it back once it holds nothing

@@ -48,8 +48,9 @@ class Membership(Protocol):
     def ready(self, h: WorkerHandle, pull_s: float, now: float) -> None:
         """`h` verified the current version in a pull of `pull_s` seconds."""
 
-    def noticed(self, h: WorkerHandle, now: float) -> None:
-        """`h` got a preemption notice: no more work, what it holds is taken back before the kill."""
+    def noticed(self, h: WorkerHandle, now: float, deadline: float | None) -> None:
+        """`h` got a preemption notice of a kill at `deadline` (monotonic; None: unknown): no more work,
+        what it holds is taken back before the kill."""
 
     def retiring(self, h: WorkerHandle, now: float) -> None:
         """`h` is being given back: no more work; `table.retire(h)` once it holds nothing."""
@@ -80,7 +81,7 @@ class BetweenSteps:
     def ready(self, h: WorkerHandle, pull_s: float, now: float) -> None:
         pass
 
-    def noticed(self, h: WorkerHandle, now: float) -> None:
+    def noticed(self, h: WorkerHandle, now: float, deadline: float | None) -> None:
         pass
 
     def retiring(self, h: WorkerHandle, now: float) -> None:
@@ -187,7 +188,7 @@ class WorkerTable:
                 self.declare_dead(h, str(arg), now)
             elif what == "notice" and not h.draining:
                 h.state = WorkerState.NOTICED
-                self.listener.noticed(h, now)
+                self.listener.noticed(h, now, None if arg is None else now + float(arg))
             elif what == "release" and h.state is not WorkerState.RETIRING:
                 h.state = WorkerState.RETIRING
                 self.listener.retiring(h, now)

@@ -28,9 +28,21 @@ def overrun_check(pipe: HistoPipe, groups: list[Group]) -> Callable[[dict[str, i
     return overruns_of(pipe, {s.uid: group_keys[g.index] for g in groups for s in g.samples})
 
 
+def length_expectation(pipe: HistoPipe, groups: list[Group]) -> Callable[[str], float | None]:
+    """uid -> the response length its prompt's history expects (None: none), for a preemption notice."""
+    group_keys = _keys(groups)
+    return expected_of(pipe, {s.uid: group_keys[g.index] for g in groups for s in g.samples})
+
+
 def overruns_of(pipe: HistoPipe, keys: dict[str, str]) -> Callable[[dict[str, int]], list[str]]:
     """`overrun_check` for samples known by their prompt's key (uid -> key): the StepState's `overruns`."""
     return lambda progress: pipe.flag_overruns({uid: (keys[uid], n) for uid, n in progress.items()})
+
+
+def expected_of(pipe: HistoPipe, keys: dict[str, str]) -> Callable[[str], float | None]:
+    """uid -> the response length its prompt's history expects (None: no history): the StepState's
+    `expected`, for what a preemption notice may leave running."""
+    return lambda uid: pipe.history.expected(keys[uid])
 
 
 def record_lengths(pipe: HistoPipe, groups: list[Group]) -> None:

@@ -77,6 +77,13 @@ class StepConfig:
     handoff_check_s: float = 1.0
     """While the seeding hand-off is deferred (the instances would not end the step sooner), how often
     it is weighed again."""
+    notice_keep: bool = True
+    """A preemption notice that says when the kill comes leaves the samples expected to finish before
+    it on the instance (`rlboost.policies.notice`; expected lengths from HistoPipe's history); False:
+    every sample is taken back at the notice."""
+    notice_margin_s: float = 2.0
+    """What a noticed instance still holds this long before its kill is taken back then (an abort and
+    its answer must land before the kill); a sample stays only if expected to finish before that."""
 
     def validate(self) -> None:
         if self.migration not in MIGRATIONS:
@@ -85,6 +92,8 @@ class StepConfig:
             raise ValueError(f"share_grace_s must be >= 0, got {self.share_grace_s}")
         if not (self.handoff_check_s > 0 and math.isfinite(self.handoff_check_s)):
             raise ValueError(f"handoff_check_s must be a finite number > 0, got {self.handoff_check_s}")
+        if not (self.notice_margin_s >= 0 and math.isfinite(self.notice_margin_s)):
+            raise ValueError(f"notice_margin_s must be a finite number >= 0, got {self.notice_margin_s}")
 
 
 # ---- commands ---------------------------------------------------------------------------------------
@@ -178,6 +187,9 @@ class Worker:
     """When it last went from holding nothing to holding samples; None: it holds nothing."""
     busy_s: float = 0.0
     """Seconds it held samples this step, up to `busy_since`."""
+    notice_deadline: float | None = None
+    """A NOTICED worker kept samples expected to finish before its kill at this time; what it still holds
+    `StepConfig.notice_margin_s` before it is taken back then (None: nothing kept, or taken back)."""
 
     @property
     def alive(self) -> bool:
@@ -267,6 +279,8 @@ class StepStats:
     stale_chunks: int = 0
     overruns_moved: int = 0
     """Executing samples moved first because they ran far past their prompt's history (HistoPipe)."""
+    kept_through_notice: int = 0
+    """Samples left on an instance under a preemption notice, expected to finish before its kill."""
     received: Counter = field(default_factory=Counter)
     """Tokens accepted per request id."""
     tokens_by_kind: Counter = field(default_factory=Counter)

@@ -2,7 +2,8 @@
 lengths (the next epoch's dispatch order and overrun check) and HistoSpec's history (the next epoch's
 drafts), each optional.
 
-Contract: `plan(groups, version)` gives a training step's (dispatch order, overrun check) from what was
+Contract: `plan(groups, version)` gives a training step's (dispatch order, overrun check, expected
+lengths) from what was
 absorbed so far; `remember(groups)` keeps the step's groups, and `absorb()` (between steps, off the
 rollout's critical path) turns their lengths and responses into the next epoch's history, returning
 whether HistoSpec's history changed (drafters built on it must forget their caches).
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from rlboost.histospec.history import HistoryStore
 from rlboost.policies.histopipe import HistoPipe
 from rlboost.rollout.sample import Group
-from rlboost.rollout.scheduling import dispatch_order, overrun_check, record_lengths
+from rlboost.rollout.scheduling import dispatch_order, length_expectation, overrun_check, record_lengths
 
 
 class StepMemory:
@@ -32,12 +33,13 @@ class StepMemory:
         self._remembered: list[Group] = []
         """The last training step's groups, absorbed at the next `absorb()`."""
 
-    def plan(self, groups: list[Group], version: int) -> tuple[list[str] | None, Callable | None]:
-        """(the sample uids in dispatch order, uid -> tokens so far => the overrunning uids) for a
-        training step's groups; (None, None) without HistoPipe."""
+    def plan(self, groups: list[Group], version: int) -> tuple[list[str] | None, Callable | None, Callable | None]:
+        """(the sample uids in dispatch order, uid -> tokens so far => the overrunning uids, uid -> its
+        expected length or None) for a training step's groups; (None, None, None) without HistoPipe."""
         if self.histopipe is None:
-            return None, None
-        return dispatch_order(self.histopipe, groups, version), overrun_check(self.histopipe, groups)
+            return None, None, None
+        return (dispatch_order(self.histopipe, groups, version), overrun_check(self.histopipe, groups),
+                length_expectation(self.histopipe, groups))
 
     def remember(self, groups: list[Group]) -> None:
         """The training step's groups (their samples may still be filling in): absorbed at `absorb()`."""

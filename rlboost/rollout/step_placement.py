@@ -1,11 +1,11 @@
 """Where a step's samples run: the dispatch of waiting samples (JSQ, with the shares owed to instances
-still pulling the step's weights), the colocated fallback when no worker may take them, and the
-rebalancing between workers. Part of `StepState` (rlboost.rollout.step_state), split where its jobs
+still pulling the step's weights), the colocated fallback when no worker may take them, the
+rebalancing between workers, and what an instance under a preemption notice keeps until its kill. Part of `StepState` (rlboost.rollout.step_state), split where its jobs
 divide: the events, the seeding window and the bookkeeping stay there, these decisions are here. Pure,
 like the state: no clock, thread, Ray or torch.
 
 `StepPlacement` is a base of `StepState` and works on its attributes: `workers`, `ledger`, `tracked`,
-`stats`, `config`, `dispatcher`, `balancer`, `overruns`, `progress`, `now`, `seeding`, `version`,
+`stats`, `config`, `dispatcher`, `balancer`, `overruns`, `progress`, `expected`, `now`, `seeding`, `version`,
 `longest_pull_s`, `_gates`, `_aborts`, `_reserved_coming`; it issues work through the state's
 `_submit` and `_take_back` and reads `eligible()` and `pending`.
 """
@@ -16,6 +16,7 @@ from collections import deque
 
 from rlboost.policies.balance import samples_to_move
 from rlboost.policies.dispatch import WorkerLoad
+from rlboost.policies.notice import samples_to_take_back
 from rlboost.rollout.step_data import RESERVED, StepError, Worker, WorkerState, pullers
 
 
@@ -106,3 +107,35 @@ class StepPlacement:
             track = self.tracked[uid]
             out[uid] = track.base + max(progress.get(track.request_id, 0), track.tokens - track.base)
         return out
+
+    # ---- preemption notices --------------------------------------------------------------------------
+
+    def _noticed_take_back(self, w: Worker, now: float, deadline: float | None) -> list[str]:
+        """The samples of `w`, just noticed, to take back now: all of them, unless `config.notice_keep`,
+        a `deadline` and a history (`expected`) leave some expected to finish before it on `w`; then `w`
+        keeps those until `notice_margin_s` before the deadline (`_take_back_before_kills`)."""
+        if deadline is None or not self.config.notice_keep or self.expected is None:
+            return sorted(w.assigned)
+        batch = min(len(w.assigned), w.max_running)
+        tokens_per_s = w.profile.throughput(batch)
+        so_far = self._tokens_so_far(w)
+        back = samples_to_take_back(so_far, {uid: self.expected(uid) for uid in so_far},
+                                    tokens_per_s / batch if tokens_per_s else None, deadline - now,
+                                    self.config.notice_margin_s)
+        if len(back) < len(so_far):
+            w.notice_deadline = deadline
+            self.stats.kept_through_notice += len(so_far) - len(back)
+        return back
+
+    def _kept_due(self) -> list[float]:
+        """When what noticed workers kept is due to be taken back."""
+        return [w.notice_deadline - self.config.notice_margin_s for w in self.workers.values()
+                if w.notice_deadline is not None]
+
+    def _take_back_before_kills(self, now: float) -> None:
+        """What noticed workers still hold `notice_margin_s` before their kills: taken back now."""
+        for w in self.workers.values():
+            if w.notice_deadline is not None and now >= w.notice_deadline - self.config.notice_margin_s:
+                w.notice_deadline = None
+                if w.alive and w.assigned:
+                    self._take_back(w, sorted(w.assigned), "noticed")

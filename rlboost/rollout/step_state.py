@@ -58,7 +58,7 @@ class StepState(StepPlacement):
                  config: StepConfig | None = None, order: Sequence[str] | None = None,
                  overruns: Callable[[dict[str, int]], list[str]] | None = None,
                  progress: Callable[[str], Mapping[str, int]] | None = None, longest_pull_s: float = 0.0,
-                 outlook: StepOutlook | None = None):
+                 outlook: StepOutlook | None = None, expected: Callable[[str], float | None] | None = None):
         """`samples`: (uid, group index, token store or None) of every sample of the step.
         `seed_window_s`: the seeding window T_seed; None: no window (an evaluation, or a layout whose
         reserved workers never train), every worker generates to the end. `order`: every uid once, in
@@ -67,12 +67,13 @@ class StepState(StepPlacement):
         pull seen before the step (the share's grace). `outlook`: what earlier steps measured (the
         offload controller's); with it the hand-off waits until the instances would end the step
         sooner than staying colocated (`rlboost.policies.handoff`); None: it happens at the window's
-        end whatever they can do (the paper's controller)."""
+        end whatever they can do (the paper's controller). `expected`: uid -> the response length its
+        prompt's history expects (HistoPipe's; None: no history), for what a notice may leave running."""
         self.config = config or StepConfig()
         self.config.validate()
         self.version = version
         self.dispatcher, self.balancer = dispatcher, balancer
-        self.overruns, self.progress = overruns, progress
+        self.overruns, self.progress, self.expected = overruns, progress, expected
         self.ledger = SampleLedger(samples, version, order)
         self.tracked: dict[str, Tracked] = self.ledger.tracked
         self.workers: dict[str, Worker] = {}
@@ -142,16 +143,22 @@ class StepState(StepPlacement):
         if failed is not None:
             self.stats.deaths.append((self.now - self.t0, "a reserved worker's replacement", failed))
 
-    def notice(self, name: str, now: float) -> None:
-        """A preemption notice: no more work, and what it holds is taken back before the kill."""
+    def notice(self, name: str, now: float, deadline: float | None = None) -> None:
+        """A preemption notice: no more work, and what it holds is taken back before the kill at
+        `deadline` (None: unknown). With `config.notice_keep`, a deadline and a history, the samples
+        expected to finish `notice_margin_s` before it stay (`rlboost.policies.notice`), and what is left
+        of them then is taken back at that time (`decide`); otherwise all are taken back now."""
         self.now = now
         w = self.workers.get(name)
         if w is None or not w.alive or w.status.draining:
             return
         w.status = WorkerState.NOTICED
         self._changed(members=True)
-        if w.assigned:
-            self._take_back(w, sorted(w.assigned), "noticed")
+        if not w.assigned:
+            return
+        back = self._noticed_take_back(w, now, deadline)
+        if back:
+            self._take_back(w, back, "noticed")
 
     def retire(self, name: str, now: float) -> None:
         """The worker is being given back (an instance beyond the cap): like a notice, then `Retire`
@@ -269,6 +276,7 @@ class StepState(StepPlacement):
         """Run the step's decisions at `now` and return every command issued since the last call."""
         self.now = now
         if not self.done:
+            self._take_back_before_kills(now)
             if self.seeding and now >= self._handoff_check_at:
                 self._end_seeding()
             self._dispatch()
@@ -291,8 +299,14 @@ class StepState(StepPlacement):
         return self.stats.remote_timings(self.t0, end)
 
     def next_deadline(self) -> float | None:
-        """When a decision is due without any event (the end of the seeding window); None: none."""
-        return self._handoff_check_at if self.seeding and not self.done else None
+        """When a decision is due without any event (the end of the seeding window, or what a noticed
+        worker kept taken back before its kill); None: none."""
+        if self.done:
+            return None
+        due = self._kept_due()
+        if self.seeding:
+            due.append(self._handoff_check_at)
+        return min(due, default=None)
 
     @property
     def pending(self) -> deque[str]:

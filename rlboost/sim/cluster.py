@@ -38,7 +38,7 @@ from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop
-from rlboost.rollout.scheduling import overruns_of
+from rlboost.rollout.scheduling import expected_of, overruns_of
 from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig,
                                         StepState, Submit, WorkerState)
 from rlboost.sim.engine_pool import EnginePool
@@ -79,7 +79,8 @@ class ClusterRun:
         self.max_running = engine.cfg.max_num_seqs
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
-        self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration)
+        self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration,
+                                      notice_keep=cfg.notice_keep)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
         # the reserved engines always hold the version before the one published: their syncs are patches
         self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype) * cfg.patch_share
@@ -204,12 +205,13 @@ class ClusterRun:
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
         histopipe = self.histopipe
         overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
+        expected = expected_of(histopipe, keys) if histopipe.cfg.enabled else None
         self.step = step = StepState(
             [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
             seed_window_s=seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
             balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
             progress=lambda name: self.pool.progress(name, self.now), longest_pull_s=self.spot.longest_pull_s,
-            outlook=plan.outlook if plan is not None and self.colocated else None)
+            outlook=plan.outlook if plan is not None and self.colocated else None, expected=expected)
         for e in self.reserved:
             step.join(e.name, RESERVED, self.max_running, e.profile)
         for inst in self.spot.instances.values():
@@ -295,8 +297,8 @@ class ClusterRun:
             return
         for name in actions.kill:
             self._end_instance(name, preempted=True)
-        for name, _ in actions.notify:
-            self._doom(name)
+        for name, kill_at in actions.notify:
+            self._doom(name, kill_at)
         for name in actions.release:
             self._end_instance(name, preempted=False)
         for _ in range(actions.start):
@@ -336,14 +338,18 @@ class ClusterRun:
             for e in inst.engines:
                 self.step.ready(e.name, self.now, inst.pull_s)
 
-    def _doom(self, name: str) -> None:
-        """A preemption notice: the instance gets no more work, and its samples are taken back now
-        (exact partial outputs), so the kill that follows wastes nothing."""
+    def _doom(self, name: str, kill_at: float) -> None:
+        """A preemption notice of the kill at `kill_at`: the instance gets no more work, and its samples
+        are taken back (exact partial outputs) now, or those expected to finish before the kill at its
+        margin before it (`StepState.notice`), so the kill that follows wastes nothing."""
         inst = self.spot.instances[name]
         inst.doomed = True
         if self._in_step():
             for e in inst.engines:
-                self.step.notice(e.name, self.now)
+                self.step.notice(e.name, self.now, kill_at)
+            due = self.step.next_deadline()
+            if due is not None and due > self.now:
+                self._push(due, _WINDOW, self.k, None)
 
     def _end_instance(self, name: str, preempted: bool) -> None:
         """A hard kill (preempted) or a graceful end (a release beyond the cap, the end of the run)."""

@@ -144,7 +144,10 @@ class SimConfig:
     """Dispatch in HistoPipe order (previous epoch's lengths; no effect in an epoch's first pass)."""
     notice_s: float = 0.0
     """Preemption notices (our addition): an instance is warned this many seconds before its kill;
-    its samples are taken back at once and it gets no more work, so the kill wastes nothing."""
+    it gets no more work, and its samples are taken back before the kill, so the kill wastes nothing."""
+    notice_keep: bool = True
+    """With notices and HistoPipe's history: samples expected to finish before the kill stay on the
+    instance until then (`rlboost.policies.notice`); False: every sample is taken back at the notice."""
     rollout_gpus: int = 0
     """disagg only: reserved GPUs that run rollout (a multiple of tp, the rest train); 0: try every
     split on the first DISAGG_PILOT_STEPS steps and run the best."""
