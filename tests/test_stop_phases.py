@@ -39,7 +39,8 @@ in each step."""
 
 def stopped(tmp_path: Path, run_dir: Path, phase: str, signals: str, config: str, *overrides: str):
     """`rlboost train` stopped by `signals` at `phase`; (exit status, console text, pids it had started)."""
-    family = tmp_path / f"family-{phase}"
+    family = tmp_path / f"family-{phase}-{signals.replace(',', '-')}"
+    family.unlink(missing_ok=True)  # a link's pids are its own: none left from another run
     done = subprocess.run([sys.executable, PROBE, phase, signals, str(family), "--", "train", config,
                            f"run.output_dir={run_dir}", *overrides],
                           cwd=REPO, capture_output=True, text=True, timeout=patience(300), start_new_session=True,
@@ -77,25 +78,21 @@ def metrics_of(run_dir: Path) -> dict[int, dict]:
 
 CHAIN = [(phase, ("SIGTERM", "SIGINT")[i % 2]) for i, phase in enumerate(PHASES)]  # SIGTERM first: during boot
 CHAIN.insert(4, ("offloaded", "SIGINT,SIGTERM"))  # a second signal once the shutdown has begun
-# The Ray head's GCS killed from outside the run, in the seeding of step 1 (every earlier link stopped the
-# run within step 1, so this one resumes there): a whole step is still to run, which no run can finish
-# without meeting the loss. Killed in the last step, a run may finish first (Ray's placed actors keep
-# working without their GCS for a while) and rightly exit 0: beside a busy process, where the instance
-# joined after step 1's hand-off and the offloaded phase came only in step 2, it did.
-CHAIN.append(("seeding", HEAD))
 
 
 def test_a_stop_at_each_phase_of_a_hybrid_step_is_clean_and_the_run_resumes_after_each(tmp_path):
     """One run after another in one run folder: each stopped at the next event of CHAIN, each after the
     first started with the command the one before printed (a resume from the last whole checkpoint);
-    the last runs to the end."""
+    the last runs to the end. Then the Ray head's GCS is killed from outside a run, in the seeding of
+    its first step, in a folder of its own: a whole step is then still to run, which no run can finish
+    without meeting the loss. (At the chain's end it met a run with nothing left to do: beside a busy
+    process an instance can join after step 1's hand-off, the offloaded phase then comes in step 2, and
+    every later link with it, up to the checkpoint of the last step.)"""
     run_dir = tmp_path / "run"
     overrides = HYBRID_RUN
     for phase, signals in CHAIN:
         status, out, pids = stopped(tmp_path, run_dir, phase, signals, HYBRID, *overrides)
-        if signals == HEAD:
-            resume = assert_head_lost(status, out, pids, run_dir)
-        elif "," in signals:
+        if "," in signals:
             assert_ended_at_once(status, out, pids, signals.split(",")[1])
             resume = [HYBRID, *overrides]  # ended at once, nothing printed: the same command resumes
         else:
@@ -106,6 +103,10 @@ def test_a_stop_at_each_phase_of_a_hybrid_step_is_clean_and_the_run_resumes_afte
                           text=True, timeout=patience(300))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert sorted(step for step in metrics_of(run_dir) if step > 0) == [1, 2]
+
+    head_dir = tmp_path / "head-lost"
+    status, out, pids = stopped(tmp_path, head_dir, "seeding", HEAD, HYBRID, *HYBRID_RUN)
+    assert assert_head_lost(status, out, pids, head_dir)[0] == HYBRID
 
 
 def assert_ended_at_once(status: int, out: str, pids: list[int], second: str) -> None:
