@@ -25,9 +25,9 @@ Contract:
   death would.
 
 `RelayedReports` is the manager's side: the reader's interface (`run`, `pause`, `receive`, `drain`) over
-the relay, with the reports addressed to the table's handles by name. It starts the relay on the first
-`start` (the fleet's, once the cluster is up) or at the first `watch`: a manager built before Ray starts
-builds nothing.
+the relay, with the reports addressed to the table's handles by name. It starts the relay at `start`
+(the fleet's, once the cluster is up) or at the first `watch`: a manager built before Ray starts builds
+nothing.
 """
 
 from __future__ import annotations
