@@ -161,6 +161,25 @@ def local_ray(num_cpus: int = 2):
         ray.shutdown()
 
 
+def receive_until(reader, handles, until: Callable[[dict[str, list]], bool],
+                  got: dict[str, list] | None = None) -> dict[str, list]:
+    """Receive from `reader` (a `ReportReader` or the manager's `RelayedReports`) into `got` (each handle's
+    reports and closings, in order) until `until(got)`; returns it. A reader that brings nothing more
+    fails the test after `patience(60)`."""
+    got = {h.name: [] for h in handles} if got is None else got
+    deadline = time.monotonic() + patience(60)
+    while not until(got):
+        assert time.monotonic() < deadline, {name: len(items) for name, items in got.items()}
+        for h, report, why in reader.receive(0.05):
+            got.setdefault(h.name, []).append(report if report is not None else why)
+    return got
+
+
+def streams_ended(got: dict[str, list]) -> bool:
+    """Every stream in `got` (`receive_until`'s) has ended."""
+    return all(items[-1:] == ["its stream ended"] for items in got.values())
+
+
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None,
                 **cfg) -> tuple[OwnClusterFleet, dict]:
     """A fleet of 1 reserved and `num_preemptible` workers of the test model serving version 0, on a cluster

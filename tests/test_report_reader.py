@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import local_ray, patience
+from hybrid_util import local_ray, patience, receive_until, streams_ended
 from rlboost.hybrid import streams
 from rlboost.hybrid.streams import ReportReader
 
@@ -60,31 +60,16 @@ def open_streams(producer, count: int, reports: int, interval_s: float = 0.0) ->
         for i in range(count)]
 
 
-def read_all(reader: ReportReader, handles, until, got: dict[str, list] | None = None) -> dict[str, list]:
-    """Receive into `got` (each handle's reports and closings, in order) until `until(got)`; returns it."""
-    got = {h.name: [] for h in handles} if got is None else got
-    deadline = time.monotonic() + patience(60)
-    while not until(got):
-        assert time.monotonic() < deadline, {name: len(items) for name, items in got.items()}
-        for h, report, why in reader.receive(0.05):
-            got[h.name].append(report if report is not None else why)
-    return got
-
-
-def ended(got: dict[str, list]) -> bool:
-    return all(items[-1:] == ["its stream ended"] for items in got.values())
-
-
 def test_every_report_is_taken_once_in_order_across_pauses_and_drains(cluster):
     producer = Producer.remote()
     handles = open_streams(producer, 6, 40, interval_s=0.002)
     reader = ReportReader(lambda: handles, turn_s=0.0)
     got: dict[str, list] = {h.name: [] for h in handles}
     rounds = 0
-    while not ended(got):
+    while not streams_ended(got):
         reader.run()
         before = sum(map(len, got.values()))
-        read_all(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or ended(g), got)
+        receive_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or streams_ended(g), got)
         drained = handles[rounds % len(handles)]
         got[drained.name] += [r if r is not None else why for _, r, why in reader.drain(drained)]
         reader.pause()  # between steps: what was taken stays for the next round
@@ -104,12 +89,12 @@ def test_a_skipped_stream_runs_ahead_only_as_far_as_backpressure_lets_it_then_is
     reader = ReportReader(lambda: listed[0])
     reader.run()
     try:
-        got = read_all(reader, handles, lambda g: ended({h.name: g[h.name] for h in handles[1:]}))
+        got = receive_until(reader, handles, lambda g: streams_ended({h.name: g[h.name] for h in handles[1:]}))
         assert got[skipped.name] == []
         # the worker stops at its yield once AHEAD reports wait unread (the one it blocks on is made, not sent)
         assert ray.get(producer.sent_by.remote()).get(skipped.name, 0) <= AHEAD + 1
         listed[0] = handles
-        got = read_all(reader, [skipped], ended)
+        got = receive_until(reader, [skipped], streams_ended)
         assert got[skipped.name] == [(skipped.name, i) for i in range(30)] + ["its stream ended"]
     finally:
         reader.pause()
@@ -135,7 +120,7 @@ def test_while_reports_keep_coming_the_reader_polls_instead_of_waiting_over_ever
     reader = ReportReader(lambda: handles)
     reader.run()
     try:
-        got = read_all(reader, handles, ended)
+        got = receive_until(reader, handles, streams_ended)
     finally:
         reader.pause()
     reports = sum(len(items) - 1 for items in got.values())

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import local_ray, patience
+from hybrid_util import local_ray, patience, receive_until, streams_ended
 from rlboost.hybrid.report_relay import RelayedReports
 
 AHEAD = 2
@@ -76,31 +76,16 @@ def workers(reader, table, count: int, reports: int, interval_s: float = 0.0, **
     return handles
 
 
-def read_until(reader, handles, until, got: dict[str, list] | None = None) -> dict[str, list]:
-    """Receive into `got` (each handle's reports and closings, in order) until `until(got)`."""
-    got = {h.name: [] for h in handles} if got is None else got
-    deadline = time.monotonic() + patience(60)
-    while not until(got):
-        assert time.monotonic() < deadline, {name: len(items) for name, items in got.items()}
-        for h, report, why in reader.receive(0.05):
-            got.setdefault(h.name, []).append(report if report is not None else why)
-    return got
-
-
-def ended(got: dict[str, list]) -> bool:
-    return all(items[-1:] == ["its stream ended"] for items in got.values())
-
-
 def test_every_report_is_handed_over_once_in_order_across_steps_and_drains(relayed):
     reader, table = relayed
     handles = workers(reader, table, 4, 40, interval_s=0.002)
     assert all(h.streaming for h in handles)
     got: dict[str, list] = {h.name: [] for h in handles}
     rounds, cpu = 0, 0.0
-    while not ended(got):
+    while not streams_ended(got):
         reader.run()
         before = sum(map(len, got.values()))
-        read_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or ended(g), got)
+        receive_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or streams_ended(g), got)
         drained = handles[rounds % len(handles)]
         got[drained.name] += [r if r is not None else why for _, r, why in reader.drain(drained)]
         cpu += reader.pause()  # between steps: what the relay took stays for the next round
@@ -111,7 +96,7 @@ def test_every_report_is_handed_over_once_in_order_across_steps_and_drains(relay
         assert not h.streaming
     assert rounds > 2  # the pauses and drains did happen mid-stream
     assert cpu > 0  # what relaying cost, measured in the relay's process
-    assert reader.drain(handles[0]) == []  # an ended stream, handed over, is forgotten
+    assert reader.drain(handles[0]) == []  # an streams_ended stream, handed over, is forgotten
 
 
 def test_a_held_stream_runs_ahead_only_as_far_as_backpressure_lets_it_then_is_read_whole(relayed):
@@ -121,11 +106,11 @@ def test_a_held_stream_runs_ahead_only_as_far_as_backpressure_lets_it_then_is_re
     try:
         with reader.held(held.name):  # from before the relay reads anything
             reader.run()
-            got = read_until(reader, handles, lambda g: ended({h.name: g[h.name] for h in others}))
+            got = receive_until(reader, handles, lambda g: streams_ended({h.name: g[h.name] for h in others}))
             assert got[held.name] == []
             # it stops at its yield once AHEAD reports wait unread (the one it blocks on is made, not sent)
             assert ray.get(held.actor.sent_so_far.remote()) <= AHEAD + 1
-        got = read_until(reader, [held], ended)
+        got = receive_until(reader, [held], streams_ended)
         assert got[held.name] == [(held.name, i) for i in range(30)] + ["its stream ended"]
     finally:
         reader.pause()
@@ -136,13 +121,13 @@ def test_a_worker_killed_mid_stream_closes_its_stream_and_a_reaped_ones_items_ar
     victim, reaped, kept = workers(reader, table, 3, 20, hold_at=10)
     reader.run()
     try:
-        got = read_until(reader, [victim, reaped, kept], lambda g: all(len(items) >= 10 for items in g.values()))
+        got = receive_until(reader, [victim, reaped, kept], lambda g: all(len(items) >= 10 for items in g.values()))
         ray.kill(victim.actor, no_restart=True)
         del table[reaped.name]  # the table forgot it: whatever still comes of it is nobody's
         ray.get(reaped.actor.release.remote())
         ray.get(kept.actor.release.remote())
-        got = read_until(reader, [victim, kept], lambda g: g[victim.name][-1:] != [] and isinstance(
-            g[victim.name][-1], str) and ended({kept.name: g[kept.name]}), got)
+        got = receive_until(reader, [victim, kept], lambda g: g[victim.name][-1:] != [] and isinstance(
+            g[victim.name][-1], str) and streams_ended({kept.name: g[kept.name]}), got)
     finally:
         reader.pause()
     assert got[victim.name][:10] == [(victim.name, i) for i in range(10)]
@@ -181,5 +166,5 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has streams_ended
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
