@@ -150,7 +150,9 @@ def load_config(schema: type[T], path: str | Path | None = None, overrides: Sequ
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         where = f" at `{key}`" if key else ""
-        raise ConfigError(f"invalid config value{where}: {e.msg if hasattr(e, 'msg') else e}") from e
+        # OmegaConf's message goes on with full_key / reference_type / object_type lines: the first says it all
+        said = str(e.msg if hasattr(e, "msg") else e).strip().splitlines()
+        raise ConfigError(f"invalid config value{where}: {said[0] if said else type(e).__name__}") from e
     check_finite(config)
     return config  # type: ignore[return-value]
 

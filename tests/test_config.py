@@ -41,8 +41,12 @@ def test_unknown_override_and_section():
 
 
 def test_bad_values_and_malformed_overrides(tmp_path):
-    with pytest.raises(ConfigError, match="engine.max_num_seqs"):
+    with pytest.raises(ConfigError, match="engine.max_num_seqs") as e:
         load_config(RLBoostConfig, overrides=["engine.max_num_seqs=many"])
+    assert "\n" not in str(e.value), str(e.value)  # one line, not OmegaConf's trailer of key and types
+    with pytest.raises(ConfigError, match="`rollout.hybrid.notice_keep`: .*not a valid bool") as e:
+        load_config(RLBoostConfig, overrides=["rollout.hybrid.notice_keep=maybe"])
+    assert "\n" not in str(e.value), str(e.value)
     with pytest.raises(ConfigError, match="not of the form key=value"):
         load_config(RLBoostConfig, overrides=["engine.max_num_seqs"])
     with pytest.raises(ConfigError, match="not found"):
