@@ -32,9 +32,14 @@ HYBRID = str(REPO / "configs" / "hybrid_smoke.yaml")
 SMOKE = str(REPO / "configs" / "smoke.yaml")
 QUIET = ["tracking.report=false", "tracking.loggers=[jsonl]"]
 HYBRID_RUN = ["run.total_steps=2", "run.save_freq=1", "run.test_freq=1", "run.val_before_train=false",
-              "rollout.hybrid.preempt_every_s=0", "rollout.hybrid.num_preemptible=1", *QUIET]
+              "rollout.hybrid.preempt_every_s=0", "rollout.hybrid.num_preemptible=1",
+              "rollout.hybrid.offload.enabled=false", "data.max_response_length=192", *QUIET]
 """Two steps, each checkpointed and validated, one instance and no random preemptions: every phase happens
-in each step."""
+in each step. The hand-off must come in every step, with samples to move: the window stays at its 0.2 s
+(the controller would shrink it) and is not gated (the gate may rightly keep a step colocated to its end,
+as it did beside a busy process), and a step's rollout takes about 2.5x the window on a quiet machine
+(at 64 tokens it took about the window itself, and the reserved worker could finish all it held first);
+a busy machine only slows the rollout, not the window."""
 
 
 def stopped(tmp_path: Path, run_dir: Path, phase: str, signals: str, config: str, *overrides: str):
@@ -85,9 +90,8 @@ def test_a_stop_at_each_phase_of_a_hybrid_step_is_clean_and_the_run_resumes_afte
     first started with the command the one before printed (a resume from the last whole checkpoint);
     the last runs to the end. Then the Ray head's GCS is killed from outside a run, in the seeding of
     its first step, in a folder of its own: a whole step is then still to run, which no run can finish
-    without meeting the loss. (At the chain's end it met a run with nothing left to do: beside a busy
-    process an instance can join after step 1's hand-off, the offloaded phase then comes in step 2, and
-    every later link with it, up to the checkpoint of the last step.)"""
+    without meeting the loss. (At the chain's end it could meet a run with nothing left to do: a
+    link whose phase came a step late carries every later link with it, up to the last checkpoint.)"""
     run_dir = tmp_path / "run"
     overrides = HYBRID_RUN
     for phase, signals in CHAIN:
