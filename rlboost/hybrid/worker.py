@@ -166,7 +166,7 @@ class RolloutWorker:
                 # a patched version names what changed: the engine copies only those parameters
                 self.engine.load_weights(reached.weights, manifest.version, names=reached.changed)
             except BaseException:
-                self.host.drop()  # the engine keeps the version before: the next patch must not build on this one
+                self.host.forget()  # the engine keeps the version before: the next patch must not build on this one
                 raise
             self.checksum = manifest.checksum
         result = reached.result
