@@ -83,11 +83,13 @@ class RunParts:
 
 
 def setup(cfg: RLBoostConfig, config_path: str | Path | None, run_dir: Path | None = None,
-          on_head_lost: Callable[[str], None] | None = None) -> RunParts:
+          on_head_lost: Callable[[str], None] | None = None, checked: bool = False) -> RunParts:
     """Check every input, build engine and trainer, and restore the latest checkpoint if resuming.
     `run_dir`: the run folder (default: where `run` config puts it). `on_head_lost(cause)`: called once,
-    from a thread of its own, if the Ray head the run started dies under it (`Cluster.watch_head`)."""
-    validate(cfg)
+    from a thread of its own, if the Ray head the run started dies under it (`Cluster.watch_head`).
+    `checked`: the caller ran `rlboost.checks.validate(cfg)` already (before making the run folder)."""
+    if not checked:
+        validate(cfg)
     # The reward workers load the reward function (a set-up error if they cannot) before Ray starts;
     # they never get its token either way (rlboost.rewards.pool).
     scorer = RewardScorer.start(cfg.reward)

@@ -1,13 +1,15 @@
 """Everything a run's input can get wrong, checked before the part it concerns starts: `validate` before
-Ray or any worker (config sections, GPUs, hosts, the trace file, the cluster to join), `check_context`
-once the model is loaded, `place_gpus` and `check_model_on_nodes` right after Ray starts, before any
-worker or rank, and `check_listeners` once everything is up. Each raises one ConfigError that names the
-key, file or node (the CLI prints it as one line, exit 2). `rlboost.assembly` calls them in that order.
+the run's folder, Ray or any worker (config sections, the files it reads and the folder it writes, GPUs,
+hosts, the trace file, the cluster to join), `check_context` once the model is loaded, `place_gpus` and
+`check_model_on_nodes` right after Ray starts, before any worker or rank, and `check_listeners` once
+everything is up. Each raises one ConfigError that names the key, file or node (the CLI prints it as one
+line, exit 2). `rlboost.train` calls `validate` before it makes the run's folder, `rlboost.assembly` the
+rest in that order.
 """
-
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -70,12 +72,35 @@ def validate(cfg: RLBoostConfig) -> None:
                           f"{cfg.trainer.mini_batch_groups} splits data.train_batch_size={cfg.data.train_batch_size} "
                           "into several: set trainer.mini_batch_groups=0 (the trainer's log-probs at the step's "
                           "starting weights are gone after its first update)")
+    check_paths(cfg)
     check_local_devices(cfg)
     check_rollout_gpus(cfg)  # its GPU-count message is the more precise one for a hybrid engine's device
     check_installed(cfg)
     check_trace(cfg)
     check_hosts(cfg)
     check_ray_address(cfg)
+
+
+def check_paths(cfg: RLBoostConfig) -> None:
+    """The files the run reads are there and its folder can be written, looked for, not read (the
+    loaders say what is wrong inside a file): `model.path` (a local run's; a joined cluster's nodes are
+    asked once Ray is up, `check_model_on_nodes`), `data.train_files` / `data.val_files`, `reward.path`,
+    and `run.output_dir` (made with its parents)."""
+    from rlboost.models.loading import model_problem
+    from rlboost.run_dir import unwritable
+
+    if not cfg.cluster.ray_address and (problem := model_problem(cfg.model)):
+        raise ConfigError(f"model.path={cfg.model.path!r}: {problem}")
+    here = f"relative paths start from {Path.cwd()}"
+    for key in ("train_files", "val_files"):
+        for f in getattr(cfg.data, key):
+            if not Path(f).is_file():
+                raise ConfigError(f"data.{key}: {f} not found ({here})")
+    reward, _ = cfg.reward.target()
+    if reward is not None and not Path(reward).expanduser().exists():
+        raise ConfigError(f"reward.path: {Path(reward).expanduser()} not found ({here})")
+    if cfg.run.output_dir and (problem := unwritable(Path(cfg.run.output_dir))):
+        raise ConfigError(f"run.output_dir={cfg.run.output_dir}: {problem}")
 
 
 def uses_hosts(cfg: RLBoostConfig) -> bool:

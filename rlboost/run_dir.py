@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,21 @@ class RunConfig:
             raise ValueError("run.save_freq and run.test_freq must be >= 0 (0 disables)")
         if self.resume not in RESUME_MODES and not Path(self.resume).is_dir():
             raise ValueError(f"run.resume={self.resume!r} is neither auto, disable nor an existing checkpoint folder")
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why the run could not write `folder` (created with its parents if missing), or None: read from
+    the file system, nothing is created."""
+    at = folder
+    while not at.exists():  # the deepest part that exists decides
+        if at.parent == at:
+            break
+        at = at.parent
+    if at.exists() and not at.is_dir():
+        return f"{at} is a file, not a folder"
+    if not os.access(at, os.W_OK | os.X_OK):
+        return f"{at} is not writable"
+    return None
 
 
 def run_folder(config: RunConfig, config_path: str | Path | None) -> Path:

@@ -27,6 +27,7 @@ from rich.console import Console
 
 from rlboost.assembly import RunParts, setup, trainer_weights
 from rlboost.checkpoint import save_checkpoint
+from rlboost.checks import validate
 from rlboost.config import RLBoostConfig
 from rlboost.engine import SamplingParams
 from rlboost.rewards import RewardScorer, ScoreRequest
@@ -57,9 +58,10 @@ def train(cfg: RLBoostConfig, config_path: str | Path | None = None, console: Co
         sys.stdout.flush()
         end_now(2)
 
+    validate(cfg)  # before the run folder and its log exist: a bad input leaves nothing behind
     with run_log(run_dir / RUN_LOG, console), StopOnSignal() as stop:
         # the run's Ray keeps these signal handlers (`rlboost.cluster.ray_cluster.signals_kept`)
-        run = Run(**vars(setup(cfg, config_path, run_dir, on_head_lost=head_lost)))
+        run = Run(**vars(setup(cfg, config_path, run_dir, on_head_lost=head_lost, checked=True)))
         try:
             train_loop(cfg, run, stop)
         finally:

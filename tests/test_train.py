@@ -273,15 +273,24 @@ def test_bad_input_is_a_clear_error_before_any_work(tmp_path, capsys):
     ]
     code, out = run_cli(tmp_path, *cases[0][0])
     assert code == 2 and cases[0][1] in " ".join(out.split()) and "Traceback" not in out, out
+    LATER = {f"data.train_files=[{bad}]", "data.max_prompt_length=8"}  # found in the rows, read once the run has its folder
+    (tmp_path / "a-file").write_text("")
+    cases += [
+        ([f"run.output_dir={tmp_path / 'a-file' / 'run'}"], f"{tmp_path / 'a-file'} is a file, not a folder"),
+        ([f"data.train_files=[{tmp_path / 'missing.parquet'}]"], "data.train_files: "),
+    ]
     children = set(psutil.Process().children(recursive=True))
-    for args, message in cases:
-        code = main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", *QUIET, *args])
+    for i, (args, message) in enumerate(cases):
+        folder = tmp_path / f"r{i}"
+        code = main(["train", SMOKE, f"run.output_dir={folder}", *QUIET, *args])
         captured = capsys.readouterr()
         out = captured.out + captured.err
         assert code == 2, (args, out)
         assert message in " ".join(out.split()), (args, out)
         assert "Traceback" not in out
-        assert not (tmp_path / "r" / "metrics.jsonl").exists()  # nothing ran
+        # found before the run began: not even its folder was made; the rest before any step ran
+        assert folder.exists() == (args[0] in LATER), args  # found before the run began: not even its folder made
+        assert not (folder / "metrics.jsonl").exists()  # and nothing ran
         assert set(psutil.Process().children(recursive=True)) <= children, args  # nothing left running
     assert main(["train", SMOKE, f"run.output_dir={tmp_path / 'r'}", *QUIET, f"data.train_files=[{bad}]"]) == 2
     out = capsys.readouterr().out
