@@ -102,7 +102,9 @@ class HybridConfig:
     events land at its first tick at or after they are due (a kill due at a token count too)."""
     preempt_with: str = "sigkill"
     """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
-    processes (needs instances=nodes; with instances=hosts the whole host vanishes)."""
+    processes (needs instances=nodes or hosts). With instances=hosts a preemption is always the whole
+    host vanishing, whichever is set: a host's processes live in a PID namespace of their own, out of a
+    signal's reach from the run, and a spot VM goes whole."""
     respawn: bool = True
     """`fixed` provider: replace a killed instance at once (the new one joins mid-step once its weight
     pull verifies)."""
