@@ -1,5 +1,5 @@
 """Which way a rollout worker reaches a published weight version: the choice behind the weight-transport
-seam (`rlboost.cluster.transports`, docs/weights.md "Transports").
+seam (`rlboost.cluster.transports`, docs/weights.md, "Pulling: the transports").
 
 Contract: each transport that can reach the version from what the worker holds makes an `Offer` (its
 name and the bytes it would fetch over the link); `routes(offers)` orders them, the first to try first.

@@ -1,7 +1,7 @@
 """Ways a rollout worker's copy reaches a published weight version, one module each behind one
-contract (`base.Transport`; docs/weights.md, "Transports"): `patch`, `from_base`, `full`. A new transport
-is a new module here and an entry in `TRANSPORTS`; `rlboost.policies.weight_routes` orders what they
-offer."""
+contract (`base.Transport`; docs/weights.md, "Pulling: the transports"): `patch`, `from_base`, `full`.
+A new transport is a new module here and an entry in `TRANSPORTS`; `rlboost.policies.weight_routes`
+orders what they offer."""
 
 from rlboost.cluster.transports.base import Held, Reached, Transport, Unusable
 from rlboost.cluster.transports.from_base import FromBase

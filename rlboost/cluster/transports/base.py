@@ -1,5 +1,6 @@
 """The weight-transport seam's contract: how a rollout worker's copy of the weights
-(`rlboost.cluster.host_copy.HostCopy`) reaches a published version (docs/weights.md, "Transports").
+(`rlboost.cluster.host_copy.HostCopy`) reaches a published version (docs/weights.md, "Pulling: the
+transports").
 
 A transport is one way there, in a module of its own: `patch` (from the version the copy holds),
 `from_base` (from the base model on the instance's own disk), `full` (every bucket). Each is

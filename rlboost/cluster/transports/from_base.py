@@ -41,7 +41,8 @@ class FromBase:
             copy.arrays = pack(copy.load_base(), m)
         except (OSError, ValueError, WeightError) as e:
             copy.forget()
-            raise Unusable(f"the base model could not be read: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise Unusable(f"the base model could not be read: {why}") from None
         base = version_checksum(run_threads(zlib.crc32, copy.arrays))
         if base == m.checksum:
             return copy.keep(m, None, PullResult(m.version, m.checksum, 0, 0.0, self.mode))
