@@ -180,6 +180,25 @@ def streams_ended(got: dict[str, list]) -> bool:
     return all(items[-1:] == ["its stream ended"] for items in got.values())
 
 
+def take_in_rounds(reader, handles, per_round: int = 15) -> tuple[dict[str, list], int, list]:
+    """Every stream taken to its end in rounds, as steps take them: run, receive `per_round` more items,
+    drain one handle (in turn), pause. Returns each handle's items and closings in order, the number of
+    rounds, and what each `pause()` returned."""
+    got: dict[str, list] = {h.name: [] for h in handles}
+    rounds, paused = 0, []
+    while not streams_ended(got):
+        reader.run()
+        before = sum(map(len, got.values()))
+        receive_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + per_round or streams_ended(g),
+                      got)
+        drained = handles[rounds % len(handles)]
+        got[drained.name] += [r if r is not None else why for _, r, why in reader.drain(drained)]
+        paused.append(reader.pause())  # between steps: what was taken stays for the next round
+        rounds += 1
+        assert rounds < 200, {name: len(items) for name, items in got.items()}
+    return got, rounds, paused
+
+
 def start_fleet(tmp: Path, num_preemptible: int, spec_overrides: dict | None = None,
                 **cfg) -> tuple[OwnClusterFleet, dict]:
     """A fleet of 1 reserved and `num_preemptible` workers of the test model serving version 0, on a cluster

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import local_ray, patience, receive_until, streams_ended
+from hybrid_util import local_ray, patience, receive_until, streams_ended, take_in_rounds
 from rlboost.hybrid import streams
 from rlboost.hybrid.streams import ReportReader
 
@@ -64,17 +64,7 @@ def test_every_report_is_taken_once_in_order_across_pauses_and_drains(cluster):
     producer = Producer.remote()
     handles = open_streams(producer, 6, 40, interval_s=0.002)
     reader = ReportReader(lambda: handles, turn_s=0.0)
-    got: dict[str, list] = {h.name: [] for h in handles}
-    rounds = 0
-    while not streams_ended(got):
-        reader.run()
-        before = sum(map(len, got.values()))
-        receive_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or streams_ended(g), got)
-        drained = handles[rounds % len(handles)]
-        got[drained.name] += [r if r is not None else why for _, r, why in reader.drain(drained)]
-        reader.pause()  # between steps: what was taken stays for the next round
-        rounds += 1
-        assert rounds < 200, {name: len(items) for name, items in got.items()}
+    got, rounds, _ = take_in_rounds(reader, handles)
     for h in handles:
         assert got[h.name] == [(h.name, i) for i in range(40)] + ["its stream ended"], h.name
         assert h.stream is None

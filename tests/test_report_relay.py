@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 import ray
 
-from hybrid_util import local_ray, patience, receive_until, streams_ended
+from hybrid_util import local_ray, patience, receive_until, streams_ended, take_in_rounds
 from rlboost.hybrid.report_relay import RelayedReports
 
 AHEAD = 2
@@ -80,23 +80,14 @@ def test_every_report_is_handed_over_once_in_order_across_steps_and_drains(relay
     reader, table = relayed
     handles = workers(reader, table, 4, 40, interval_s=0.002)
     assert all(h.streaming for h in handles)
-    got: dict[str, list] = {h.name: [] for h in handles}
-    rounds, cpu = 0, 0.0
-    while not streams_ended(got):
-        reader.run()
-        before = sum(map(len, got.values()))
-        receive_until(reader, handles, lambda g: sum(map(len, g.values())) >= before + 15 or streams_ended(g), got)
-        drained = handles[rounds % len(handles)]
-        got[drained.name] += [r if r is not None else why for _, r, why in reader.drain(drained)]
-        cpu += reader.pause()  # between steps: what the relay took stays for the next round
-        rounds += 1
-        assert rounds < 200, {name: len(items) for name, items in got.items()}
+    got, rounds, paused = take_in_rounds(reader, handles)  # what the relay took stays for the next round
+    cpu = sum(paused)  # each pause returns the relay's CPU seconds since its round's run()
     for h in handles:
         assert got[h.name] == [(h.name, i) for i in range(40)] + ["its stream ended"], h.name
         assert not h.streaming
     assert rounds > 2  # the pauses and drains did happen mid-stream
     assert cpu > 0  # what relaying cost, measured in the relay's process
-    assert reader.drain(handles[0]) == []  # an streams_ended stream, handed over, is forgotten
+    assert reader.drain(handles[0]) == []  # an ended stream, handed over, is forgotten
 
 
 def test_a_held_stream_runs_ahead_only_as_far_as_backpressure_lets_it_then_is_read_whole(relayed):
@@ -166,5 +157,5 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has streams_ended
+    with open(f"/proc/{pid}/stat") as f:  # a zombie has ended
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
