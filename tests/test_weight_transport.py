@@ -91,20 +91,46 @@ def test_a_worker_takes_the_route_the_rule_puts_first():
 
 # ---- one limit --------------------------------------------------------------------------------------
 
-def test_a_pull_ends_by_its_limit_when_a_patch_never_arrives():
-    """The patch's parts never come: the pull ends at its limit, in one line naming the route, and does not
-    start the full pull over with a limit of its own (which would make its wait twice the limit)."""
+@pytest.fixture
+def fetches(monkeypatch) -> list[float]:
+    """The deadline of every fetch a pull makes (`weights.fetch`, as every transport reaches it), and each
+    route a pull tries, in order ("route:<mode>")."""
+    from rlboost.cluster import weights
+    from rlboost.cluster.transports import TRANSPORTS, patch
+
+    seen: list = []
+
+    def recorded(refs, deadline, what, _fetch=weights.fetch):
+        seen.append(deadline)
+        return _fetch(refs, deadline, what)
+
+    monkeypatch.setattr(weights, "fetch", recorded)
+    monkeypatch.setattr(patch, "fetch", recorded)
+    for mode, transport in TRANSPORTS.items():
+        def reach(m, copy, deadline, _reach=transport.reach, _mode=mode):
+            seen.append(f"route:{_mode}")
+            return _reach(m, copy, deadline)
+        monkeypatch.setattr(transport, "reach", reach)
+    return seen
+
+
+def test_a_pull_ends_by_its_limit_when_a_patch_never_arrives(fetches):
+    """The patch's parts never come: the pull ends when its limit is spent, in one line naming the route,
+    and does not start the full pull over with a limit of its own (which made its wait twice the limit):
+    the patch was the only route tried, and its fetch had the pull's own deadline."""
     _, (m0, m1) = versions(2)
     worker = HostCopy()
     worker.pull(m0, m0.fingerprint, patience(30))
     patch = m1.patch_from(0, m0.checksum)
     m1.patches = [dataclasses.replace(patch, parts=[never.remote()] + patch.parts[1:])]
     limit = 2.0
+    fetches.clear()
     t0 = time.monotonic()
     with pytest.raises(PullTimeout) as e:
         worker.pull(m1, m1.fingerprint, limit)
-    took = time.monotonic() - t0
-    assert limit - 0.1 <= took < limit + patience(1.0), took  # Ray's own timer may end a hair early
+    t1 = time.monotonic()
+    route, deadline = fetches
+    assert route == "route:patch" and t0 + limit <= deadline <= t1 + limit  # the pull's one: its start + limit
     message = str(e.value)
     assert "\n" not in message and "timed out after 2s by patch" in message and "did not arrive" in message, message
     assert worker.held is None and worker.arrays is None  # nothing half-reached to build on
@@ -112,13 +138,14 @@ def test_a_pull_ends_by_its_limit_when_a_patch_never_arrives():
     assert reached.result.mode == "full"  # the next pull starts afresh
 
 
-def test_a_full_pull_that_cannot_finish_ends_by_its_limit_in_one_line():
+def test_a_full_pull_that_cannot_finish_ends_by_its_limit_in_one_line(fetches):
     _, (m0,) = versions(1)
     m0.buckets = [dataclasses.replace(m0.buckets[0], ref=never.remote())] + m0.buckets[1:]
     t0 = time.monotonic()
     with pytest.raises(PullTimeout) as e:
         HostCopy().pull(m0, m0.fingerprint, 1.5)
-    assert time.monotonic() - t0 < 1.5 + patience(1.0)
+    route, deadline = fetches  # the first bucket never came: nothing after it was asked for
+    assert route == "route:full" and t0 + 1.5 <= deadline <= time.monotonic() + 1.5
     assert str(e.value) == "pull of version 0 timed out after 1.5s by full (0 of 5 buckets arrived)"
 
 
