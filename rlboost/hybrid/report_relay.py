@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlboost.hybrid.handles import WorkerHandle, first_line
-from rlboost.hybrid.streams import TURN_S, ReportReader
+from rlboost.hybrid.streams import TURN_S, ReportReader, next_turn
 from rlboost.hybrid.wire import WorkerReport
 
 CALL_LIMIT_S = 60.0
@@ -195,8 +195,7 @@ class RelayedReports:
 
     def receive(self, timeout: float) -> list[tuple[WorkerHandle, WorkerReport | None, str | None]]:
         """As `ReportReader.receive`, at most once per `turn_s`: one call to the relay."""
-        time.sleep(max(0.0, self._last_turn + self.turn_s - time.monotonic()))
-        self._last_turn = time.monotonic()
+        self._last_turn = next_turn(self._last_turn, self.turn_s)
         if self._relay is None:
             time.sleep(timeout)
             return []

@@ -180,8 +180,7 @@ class ReportReader:
     # ---- the step's loop thread ----------------------------------------------------------------------
 
     def receive(self, timeout: float) -> list[Received]:
-        time.sleep(max(0.0, self._last_turn + self.turn_s - time.monotonic()))
-        self._last_turn = time.monotonic()
+        self._last_turn = next_turn(self._last_turn, self.turn_s)
         with self._lock:
             if not self._taken and self._failure is None:
                 self._lock.wait(timeout)
@@ -197,6 +196,13 @@ class ReportReader:
             mine = [item for item in self._taken if item[0] is h]
             self._taken = [item for item in self._taken if item[0] is not h]
         return _fetch(mine)
+
+
+def next_turn(last: float, turn_s: float) -> float:
+    """Sleep until `turn_s` after `last` (the previous turn's start, monotonic) and return this turn's
+    start: a reader comes back at most once per `turn_s`, however fast its caller asks."""
+    time.sleep(max(0.0, last + turn_s - time.monotonic()))
+    return time.monotonic()
 
 
 def _has_next(gen) -> bool:
@@ -238,4 +244,4 @@ def _fetch(taken: list[tuple[WorkerHandle, object | None, str | None]]) -> list[
     return out
 
 
-__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReportReader", "TurnPacer"]
+__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReportReader", "TurnPacer", "next_turn"]
