@@ -16,6 +16,12 @@ def _keys(groups: list[Group]) -> dict[int, str]:
     return {g.index: prompt_key(g.samples[0].prompt_ids) for g in groups}
 
 
+def _uid_keys(groups: list[Group]) -> dict[str, str]:
+    """Sample uid -> its prompt's key."""
+    keys = _keys(groups)
+    return {s.uid: keys[g.index] for g in groups for s in g.samples}
+
+
 def dispatch_order(pipe: HistoPipe, groups: list[Group], step: int) -> list[str]:
     """Sample uids in the order to dispatch them this step (the given order in the first epoch)."""
     keys = _keys(groups)
@@ -24,14 +30,12 @@ def dispatch_order(pipe: HistoPipe, groups: list[Group], step: int) -> list[str]
 
 def overrun_check(pipe: HistoPipe, groups: list[Group]) -> Callable[[dict[str, int]], list[str]]:
     """uid -> tokens so far  =>  the uids far past their prompt's history, most overrun first."""
-    group_keys = _keys(groups)
-    return overruns_of(pipe, {s.uid: group_keys[g.index] for g in groups for s in g.samples})
+    return overruns_of(pipe, _uid_keys(groups))
 
 
 def length_expectation(pipe: HistoPipe, groups: list[Group]) -> Callable[[str], float | None]:
     """uid -> the response length its prompt's history expects (None: none), for a preemption notice."""
-    group_keys = _keys(groups)
-    return expected_of(pipe, {s.uid: group_keys[g.index] for g in groups for s in g.samples})
+    return expected_of(pipe, _uid_keys(groups))
 
 
 def overruns_of(pipe: HistoPipe, keys: dict[str, str]) -> Callable[[dict[str, int]], list[str]]:

@@ -3,10 +3,10 @@ lengths (the next epoch's dispatch order and overrun check) and HistoSpec's hist
 drafts), each optional.
 
 Contract: `plan(groups, version)` gives a training step's (dispatch order, overrun check, expected
-lengths) from what was
-absorbed so far; `remember(groups)` keeps the step's groups, and `absorb()` (between steps, off the
-rollout's critical path) turns their lengths and responses into the next epoch's history, returning
-whether HistoSpec's history changed (drafters built on it must forget their caches).
+lengths) from what was absorbed so far; `remember(groups)` keeps the step's groups, and `absorb()`
+(between steps, off the rollout's critical path) turns their lengths and responses into the next
+epoch's history, returning whether HistoSpec's history changed (drafters built on it must forget their
+caches).
 `state_dict()` / `load_state_dict()` keep both in a checkpoint under the keys `history` and
 `histopipe`. Torch- and Ray-free: the colocated backend and the hybrid one (whose workers get each
 prompt's share of `responses` with its requests) hold one each.

@@ -1,12 +1,13 @@
 """Where a step's samples run: the dispatch of waiting samples (JSQ, with the shares owed to instances
 still pulling the step's weights), the colocated fallback when no worker may take them, the
-rebalancing between workers, and what an instance under a preemption notice keeps until its kill. Part of `StepState` (rlboost.rollout.step_state), split where its jobs
-divide: the events, the seeding window and the bookkeeping stay there, these decisions are here. Pure,
-like the state: no clock, thread, Ray or torch.
+rebalancing between workers, and what an instance under a preemption notice keeps until its kill.
+Part of `StepState` (rlboost.rollout.step_state), split where its jobs divide: the events, the seeding
+window and the bookkeeping stay there, these decisions are here. Pure, like the state: no clock,
+thread, Ray or torch.
 
 `StepPlacement` is a base of `StepState` and works on its attributes: `workers`, `ledger`, `tracked`,
-`stats`, `config`, `dispatcher`, `balancer`, `overruns`, `progress`, `expected`, `now`, `seeding`, `version`,
-`longest_pull_s`, `_gates`, `_aborts`, `_reserved_coming`; it issues work through the state's
+`stats`, `config`, `dispatcher`, `balancer`, `overruns`, `progress`, `expected`, `now`, `seeding`,
+`version`, `longest_pull_s`, `_gates`, `_aborts`, `_reserved_coming`; it issues work through the state's
 `_submit` and `_take_back` and reads `eligible()` and `pending`.
 """
 
