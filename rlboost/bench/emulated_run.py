@@ -240,6 +240,7 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         train_s=compute, instances=int(metrics["spot/instances"]), preemptions=int(metrics["spot/preemptions"]),
         migrations=int(metrics["migration/samples"]),
         cap=int(metrics["spot/cap"]) if "spot/cap" in metrics else None, loop_cpu_s=run.loop_cpu_s,
-        relay_cpu_s=run.relay_cpu_s, driver_cpu_s=driver_cpu, tokens=sum(len(s.response_ids) for g in done for s in g.samples),
+        relay_cpu_s=run.relay_cpu_s, driver_cpu_s=driver_cpu,
+        tokens=sum(len(s.response_ids) for g in done for s in g.samples),
         samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports,
         instance_s=metrics["spot/instance_s"])

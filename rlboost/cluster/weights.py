@@ -277,6 +277,6 @@ def _bytes_of(t) -> np.ndarray:
     return t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
 
 
-__all__ = ["Bucket", "Published", "PullTimeout", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest", "WeightsConfig",
-           "fetch", "fingerprint", "next_group", "plan_buckets", "publish", "publish_gathered", "pull", "pull_by", "version_checksum",
-           "window_bytes"]
+__all__ = ["Bucket", "Published", "PullTimeout", "PulledWeights", "TensorSlot", "WeightError", "WeightManifest",
+           "WeightsConfig", "fetch", "fingerprint", "next_group", "plan_buckets", "publish", "publish_gathered", "pull",
+           "pull_by", "version_checksum", "window_bytes"]
