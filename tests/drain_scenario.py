@@ -38,7 +38,7 @@ class Placeholder:
 def drain_then_vanish(tmp_path, **fleet_cfg) -> None:
     """The cloud's warning as Ray delivers it: the GCS's drain (reason preemption, a deadline a few
     seconds out) of the node an instance runs on, mid-step. The pool warns the manager, which sends
-    it no more work and takes its samples back; then the node vanishes whole (`Cluster.end_node`: its
+    it no more work and takes its samples back; then the node vanishes whole (`Instance.end`: its
     process tree SIGKILLed, or its host gone), at the moment the deadline stands for here: once the
     instance holds nothing (a real deadline is wall time, which no test may depend on).
     `fleet_cfg`: how the instances stand (`instances=nodes`, or hosts and their `hosts`)."""
@@ -86,7 +86,7 @@ def drain_then_vanish(tmp_path, **fleet_cfg) -> None:
 
         def vanish(run):
             seen["tokens_at_kill"] = run.stats.tokens_by_worker[victim.name]
-            fleet.cluster.end_node(nodes.pop("spot-a"))
+            nodes.pop("spot-a").end()
 
         def holds(run):
             return run.state.holding(victim.name) > 0 and run.stats.tokens_by_worker[victim.name] >= 8
@@ -123,6 +123,6 @@ def drain_then_vanish(tmp_path, **fleet_cfg) -> None:
         try:
             pool.stop()
             for node in nodes.values():
-                fleet.cluster.end_node(node)
+                node.end()
         finally:
             fleet.shutdown()

@@ -99,8 +99,8 @@ def install(probe: Probe) -> None:
         setattr(cls, name, hooked)
 
     # Fleet._await_boot(name, info_ref): a worker's actor exists and its boot is awaited; only instances
-    # have a lifetime (what a cloud bills)
-    before(fleet.Fleet, "_await_boot", lambda self, args: args[0] in self.lifetimes and probe.at("booting"))
+    # are billed (what a cloud bills)
+    before(fleet.Fleet, "_await_boot", lambda self, args: args[0] in self._billed and probe.at("booting"))
     after(rollout.HybridRollout, "generate",
           lambda self, args, result: self.training and self.run.state.seeding and probe.at("seeding"))
 

@@ -71,7 +71,7 @@ class Chaos:
 
 
 def run_under_chaos(tmp_path, instances: str, kills: int) -> None:
-    how = ["sigkill"] if instances == "processes" else ["sigkill", "node"]
+    how = ["instance"] if instances == "processes" else ["process", "instance"]
     # loading a version takes 0.3 s more than it would, so a fair share of the kills land during a pull
     fleet, _ = start_fleet(tmp_path, num_preemptible=3, instances=instances,
                            spec_overrides={"engine_factory": slow_loads(0.3)})

@@ -120,7 +120,7 @@ def two_nodes():
         yield cluster
     finally:
         if node is not None:
-            cluster.end_node(node)
+            node.end()
         cluster.shutdown()
 
 

@@ -76,7 +76,7 @@ def test_shipped_configs_are_valid_and_complete():
 
 @pytest.mark.parametrize("override, message", [
     ("rollout.hybrid.num_reserved=0", "rollout.hybrid.num_reserved must be >= 1"),
-    ("rollout.hybrid.preempt_with=node", "preempt_with=node needs rollout.hybrid.instances=nodes"),
+    ("rollout.hybrid.preempt_with=node", "rollout.hybrid.preempt_with='node'; choose one of instance, process"),
     ("rollout.hybrid.instances=vms", "rollout.hybrid.instances='vms'; choose one of processes, nodes"),
     ("rollout.hybrid.heartbeat_timeout_s=0.5", "heartbeat_timeout_s must exceed heartbeat_interval_s"),
     ("rollout.hybrid.seed_window_s=-1", "rollout.hybrid.seed_window_s must be >= 0"),

@@ -67,6 +67,7 @@ def test_sigkilled_workers_lose_no_sample(fleet, seed):
     assert run.stats.preemptions == 2 and run.stats.migrated["preempted"] > 0, run.stats
     assert run.stats.in_flight_at_preemption > 0
     assert any(t.migrations >= 1 for t in run.tracked.values())
+    assert fleet.meter.live == len(fleet.killable()) + fleet.starting == 1  # the killed are billed no more
 
 
 @pytest.mark.e2e

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e  # instances as Ray nodes of their own: `make test-
 @pytest.fixture(scope="module")
 def shared_fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hybrid_nodes")
-    fleet, weights = start_fleet(tmp, num_preemptible=2, instances="nodes", preempt_with="node")
+    fleet, weights = start_fleet(tmp, num_preemptible=2, instances="nodes")
     fleet.weights, fleet.tmp = weights, tmp
     yield fleet
     fleet.shutdown()
@@ -41,7 +41,7 @@ def one_matrix_moved(state: dict) -> dict:
 def test_removed_nodes_lose_no_sample(fleet):
     advance(fleet)  # tensors of its own: the migrated samples are checked against them
     rng = random.Random(7)
-    faults = [(after_tokens(preemptible(0), rng.randrange(8, 200)), kill(fleet, preemptible(0), how="node"))]
+    faults = [(after_tokens(preemptible(0), rng.randrange(8, 200)), kill(fleet, preemptible(0), how="instance"))]
     out, run = run_step(fleet, faults=faults)
     check_invariants(out, run, ledger_dir=fleet.tmp / "ledgers", state=fleet.served())
     assert run.stats.preemptions == 1 and run.stats.migrated["preempted"] > 0
@@ -61,7 +61,7 @@ def test_removed_nodes_lose_no_sample(fleet):
     # window, so every worker gets its share when it starts. The heartbeat timeout is out of reach for
     # this step, so the cluster is the only way the death can be found, however slow the machine.
     victim = sorted(fleet.alive(PREEMPTIBLE), key=lambda h: h.name)[0]
-    node = psutil.Process(fleet.nodes.pop(victim.name).pid)
+    node = psutil.Process(fleet.instances.pop(victim.name).pid)
     worker = psutil.Process(victim.pid)
     fleet.killed.add(victim.name)  # if the test fails before the manager finds it dead, the next is not left with it
 
@@ -161,7 +161,7 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
         [joiner] = fleet.start(PREEMPTIBLE, 1)
         assert joiner.pull is not None  # asked for, and held before it fetched a byte
         for h in holders:
-            fleet.preempt(h, how="node")
+            fleet.preempt(h, how="instance")
         gone = {h.node_id for h in holders}
         wait_for(lambda: not any(n["Alive"] for n in ray.nodes() if n["NodeID"] in gone), 60,
                  "the holders' nodes to be gone")
@@ -179,3 +179,31 @@ def test_a_joiner_reaches_its_version_when_the_peers_holding_its_patch_are_preem
     out, run = run_step(fleet)  # what it built from its disk and the patch is the version's weights
     check_invariants(out, run, state=fleet.served())
     assert run.stats.tokens_by_worker[joiner.name] > 0
+
+
+def test_a_crashed_worker_s_node_lives_until_the_fleet_reaps_it(fleet):
+    """`preempt_with=process` through the instance: the worker's process dies and its billing stops at
+    once, its node lives on (a crash, not a vanished VM) until the step has found the death and the
+    fleet reaps the worker; then the node's whole process tree is gone."""
+    victim = sorted(fleet.killable(), key=lambda h: h.name)[0]
+    node = fleet.instances[victim.name]
+    billed = fleet.meter.live
+    fleet.preempt(victim, how="process")
+    assert fleet.meter.live == billed - 1 and node.poll() is None
+    wait_for(lambda: not psutil.pid_exists(victim.pid), 30, "the crashed worker's process to die")
+    out, run = run_step(fleet)
+    check_invariants(out, run, state=fleet.served())
+    assert not fleet.worker(victim.name).alive  # found dead (in the step, or by its stream before it)...
+    assert node.poll() is None  # ...not reaped yet: the node still runs
+    tree = [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
+    fleet.reap()
+    assert victim.name not in fleet.instances and node.poll() is not None
+    # SIGKILL is delivered, not awaited: each process of the tree is gone once the kernel has run it
+    wait_for(lambda: not [p for p in tree if running(p)], 30, "every process of the node to die")
+
+
+def running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -118,8 +118,8 @@ def bench_cluster(cfg: ClusterBenchConfig) -> dict:
 
 def _fleet(cfg: ClusterBenchConfig, model: str, instances: str, cluster_cfg: ClusterConfig) -> OwnClusterFleet:
     """An empty fleet on a cluster of its own (its shutdown ends the cluster)."""
-    hybrid = HybridConfig(num_preemptible=cfg.spot_hosts, instances=instances, preempt_with="node"
-                          if instances == "hosts" else "sigkill", heartbeat_timeout_s=cfg.heartbeat_timeout_s)
+    hybrid = HybridConfig(num_preemptible=cfg.spot_hosts, instances=instances,
+                          heartbeat_timeout_s=cfg.heartbeat_timeout_s)
     engine = EngineConfig(device="cpu", max_num_seqs=cfg.prompts * cfg.n, stream_interval=4)
     cluster = Cluster(cluster_cfg, instances)
     try:
@@ -150,7 +150,7 @@ def _on_hosts(cfg: ClusterBenchConfig, model: str, link: str, state: dict, work:
             fleet.preempt(fleet.worker(victim))
 
         def crash(victim):
-            fleet.nodes[victim].host.kill_process(fleet.worker(victim).pid)
+            fleet.preempt(fleet.worker(victim), how="process")
 
         detect, lost, wasted = {}, 0, 0
         for label, act in (("vanish", vanish), ("kill", crash)):

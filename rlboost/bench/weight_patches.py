@@ -156,7 +156,7 @@ def fanout_rows(model: str, versions: dict[int, dict], counts: list[int], link: 
                         "source_floor_s": count * m.nbytes * 8 / bits, "link_floor_s": m.nbytes * 8 / bits})
             del fetchers
             for node in nodes:
-                cluster.end_node(node)
+                node.end()
         finally:
             cluster.shutdown()
     return out
@@ -176,7 +176,7 @@ def _join_and_refresh(model: str, versions: dict[int, dict], link: str, mode: st
     hosts = [HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preemptible", count=1, link=link)]
     weights = WeightsConfig(bucket_mb=bucket_mb, patches=patches, join_from_base=patches)
     cluster = Cluster(dataclasses.replace(ClusterConfig(), hosts=hosts, weights=weights), "hosts")
-    hybrid = HybridConfig(num_preemptible=1, instances="hosts", preempt_with="node")
+    hybrid = HybridConfig(num_preemptible=1, instances="hosts")
     spec = WorkerSpec(ModelConfig(path=model), EngineConfig(device="cpu", max_num_seqs=4, dtype=LINK_DTYPE), [],
                       heartbeat_interval_s=0.5, join_from_base=patches)
     fleet = Fleet(hybrid, spec, RolloutManager(hybrid, cluster.cfg.weights), cluster)

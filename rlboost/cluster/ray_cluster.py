@@ -16,8 +16,10 @@ Contract:
   `start_node` boots the next free preemptible host behind its link; Ray keeps its own (slow, as on
   a cloud) node health checks, so the run's heartbeats find a vanished host. A joined cluster offers
   what its nodes carry.
-- `end_node(node)` ends a node started with `start_node` as a preemption does: SIGKILL of its process
-  tree, or the whole host vanishing (link silent first, no reset).
+- `launch(name, kind)` is where a worker runs, an `Instance` of the kind the cluster stands up
+  (`rlboost.cluster.instances`): a preemptible one's own node is up and listed when it returns.
+  `start_node(resources)` is a bare node of its own. Either ends by its own `end()` or `preempt()`:
+  SIGKILL of its process tree, or the whole host vanishing (link silent first, no reset).
 - `on_every_node(fn, timeout_s)` runs `fn()` once on every alive node (pinned zero-CPU tasks) and
   returns each node's answer, what it raised, or that it did not answer in time: the start-up checks
   of a joined cluster (`checks.check_model_on_nodes`).
@@ -43,15 +45,18 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.address import check_joinable
 from rlboost.cluster.config import ClusterConfig
 from rlboost.cluster.hosts import ROOM_IP, Host, HostSpec, Room, expand_hosts
 from rlboost.cluster.placement import ReservedGpus
-from rlboost.cluster.ray_setup import (check_listeners, kill_node_process, node_process_argv, route_ray_messages,
+from rlboost.cluster.instances import HostInstance, Instance, NodeProcess, WorkerProcess
+from rlboost.cluster.ray_setup import (check_listeners, node_process_argv, route_ray_messages,
                                        start_local_cluster, start_local_ray, start_node_process)
 from rlboost.cluster.resources import INSTANCE_KINDS, MANY, PREEMPTIBLE, RESERVED
 from rlboost.stopping import StopRequested
@@ -105,6 +110,8 @@ class Cluster:
         self.room: Room | None = None
         """The hosts, when instances are hosts."""
         self._free_hosts: list[HostSpec] = []
+        self._boot_lock = threading.Lock()
+        """One instance's node boots at a time (`launch`)."""
         self.reserved_gpus: ReservedGpus | None = None
         """The reserved GPUs the reserved rollout workers and the trainer ranks share (`place_reserved_gpus`)."""
         self._watching: threading.Event | None = None
@@ -146,33 +153,52 @@ class Cluster:
             self.reserved_gpus = ReservedGpus(count, self.resources())
         return self.reserved_gpus
 
-    def start_node(self, resources: dict[str, float]):
+    def launch(self, name: str, kind: str, node_id: str | None = None, timeout_s: float = 120.0,
+               stopping: Callable[[], bool] = lambda: False) -> Instance:
+        """Where worker `name` of `kind` will run (`rlboost.cluster.instances`): a preemptible instance gets
+        a Ray node of its own (instances=nodes or hosts), booted and listed by the cluster before this
+        returns (RuntimeError if it is not within `timeout_s`, or once `stopping()`); any other worker is
+        a process of a node it shares, that of its kind's resource or, with `node_id`, that node."""
+        if node_id is not None:
+            return WorkerProcess(name, {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)},
+                                 local=False, node_id=node_id)
+        if kind != PREEMPTIBLE or not self.local_nodes:
+            return WorkerProcess(name, {"resources": {kind: 1}})
+        resource = f"instance-{name}"
+        with self._boot_lock:  # nodes booting side by side on one machine race for the same ports
+            node = self.start_node({PREEMPTIBLE: MANY, resource: 1}, name, resource)
+            deadline = time.monotonic() + timeout_s
+            while (listed := self._listed(resource)) is None:
+                if node.poll() is not None or time.monotonic() > deadline or stopping():
+                    node.end()
+                    raise RuntimeError(f"the Ray node of {name} did not come up")
+                time.sleep(0.05)
+        node.node_id = listed
+        return node
+
+    def start_node(self, resources: dict[str, float], name: str = "node",
+                   resource: str | None = None) -> NodeProcess | HostInstance:
         """A new Ray node offering `resources`: a process tree of its own on this machine, or a
         preemptible host of its own (instances=hosts): what a spot VM is to the cluster. Whoever
-        starts one ends it (`end_node`), before `shutdown`."""
+        starts one ends it (`end()`), before `shutdown`. `resource`: the one of `resources` that pins
+        a worker to it."""
         if self.head is None:
             raise RuntimeError("start_node needs a local cluster of nodes (rollout.hybrid.instances=nodes or hosts)")
         if self.room is None:
-            return start_node_process(self.cfg.ray, self.head.address, resources)
+            return NodeProcess(name, start_node_process(self.cfg.ray, self.head.address, resources), resource)
         if not self._free_hosts:
             raise RuntimeError("every preemptible host of cluster.hosts is in use")
-        return self._boot_host(self._free_hosts.pop(0), resources)
+        return self._boot_host(self._free_hosts.pop(0), resources, name, resource)
 
-    def end_node(self, node) -> None:
-        """End a node of `start_node` as a preemption does."""
-        if isinstance(node, HostNode):
-            self.room.vanish(node.host)
-            if node.host.spec.kind == PREEMPTIBLE:
-                self._free_hosts.append(node.host.spec)  # a fresh instance may boot in its place
-        else:
-            kill_node_process(node)
+    @staticmethod
+    def _listed(resource: str) -> str | None:
+        """The id of the alive node offering `resource`, once the cluster lists it."""
+        return next((n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]), None)
 
     def on_every_node(self, fn, timeout_s: float) -> dict[str, object]:
         """`fn()` run once on every alive node of the cluster (a zero-CPU task pinned to it), by the
         node's address and id: its result, or the text of what it raised, or that it did not answer
         within `timeout_s`."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
         task = ray.remote(num_cpus=0, max_retries=0)(_call)
         refs = {f"{n['NodeManagerAddress']} ({n['NodeID'][:8]})":
                 task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(fn)
@@ -249,27 +275,24 @@ class Cluster:
             self.shutdown()
             raise
 
-    def _boot_host(self, spec: HostSpec, resources: dict[str, float]) -> "HostNode":
+    def _boot_host(self, spec: HostSpec, resources: dict[str, float], name: str = "host",
+                   resource: str | None = None) -> HostInstance:
         host = self.room.add_host(spec)
         proc = host.run(node_process_argv(self.head.address, resources, host.ip, HOST_OBJECT_STORE_BYTES,
                                           spec.cpus, spec.gpus))
-        return HostNode(host, proc)
+        return HostInstance(name, host, proc, self._vanish, self._freed, resource)
+
+    def _vanish(self, host: Host) -> None:
+        if self.room is not None:  # gone with the room already, if the cluster shut down first
+            self.room.vanish(host)
+
+    def _freed(self, host: Host) -> None:
+        if host.spec.kind == PREEMPTIBLE:
+            self._free_hosts.append(host.spec)  # a fresh instance may boot in its place
 
 
 HOST_OBJECT_STORE_BYTES = 2**30
 """Object store of a host's node: room for a few versions of a small model's weights."""
 
 
-@dataclasses.dataclass
-class HostNode:
-    """A Ray node on a host of its own (instances=hosts)."""
-
-    host: Host
-    process: object
-
-    def poll(self):
-        """None while the node's process runs (as `subprocess.Popen.poll`)."""
-        return self.process.poll() if self.host.alive() else -9
-
-
-__all__ = ["FAST_NODE_HEALTH", "Cluster", "HostNode"]
+__all__ = ["FAST_NODE_HEALTH", "Cluster"]

@@ -12,7 +12,7 @@ from rlboost.cluster.resources import INSTANCE_KINDS
 from rlboost.policies.offload import OffloadConfig
 from rlboost.spot.trace import TraceConfig
 
-PREEMPT_WITH = ("sigkill", "node")
+PREEMPT_WITH = ("instance", "process")
 PROVIDERS = ("fixed", "trace", "ray_cluster")
 
 
@@ -100,11 +100,11 @@ class HybridConfig:
     provider_tick_s: float = 0.1
     """How often the instance provider acts: launches, preemption notices, kills and the trace's
     events land at its first tick at or after they are due (a kill due at a token count too)."""
-    preempt_with: str = "sigkill"
-    """How chaos kills: `sigkill` the worker's process, or `node`: remove its Ray node and kill its
-    processes (needs instances=nodes or hosts). With instances=hosts a preemption is always the whole
-    host vanishing, whichever is set: a host's processes live in a PID namespace of their own, out of a
-    signal's reach from the run, and a spot VM goes whole."""
+    preempt_with: str = "instance"
+    """What a preemption (chaos, a trace, a test's kill) kills: `instance`, the whole instance at once, as
+    a spot VM goes (its worker's process with instances=processes, its Ray node's whole process tree
+    with nodes, its host vanishing, link silent first, with hosts); or `process`, the worker's process
+    alone (SIGKILL, a crash: its node or host lives on until the fleet reaps the dead worker)."""
     respawn: bool = True
     """`fixed` provider: replace a killed instance at once (the new one joins mid-step once its weight
     pull verifies)."""
@@ -146,8 +146,6 @@ class HybridConfig:
             raise ValueError(f"rollout.hybrid.instances={self.instances!r}; choose one of {', '.join(INSTANCE_KINDS)}")
         if self.preempt_with not in PREEMPT_WITH:
             raise ValueError(f"rollout.hybrid.preempt_with={self.preempt_with!r}; choose one of {', '.join(PREEMPT_WITH)}")
-        if self.preempt_with == "node" and self.instances not in ("nodes", "hosts"):
-            raise ValueError("rollout.hybrid.preempt_with=node needs rollout.hybrid.instances=nodes or hosts")
         if self.preempt_every_s > 0 and self.preempt_every_tokens > 0:
             raise ValueError("rollout.hybrid.preempt_every_s and preempt_every_tokens: choose one clock for the chaos")
         for name in ("seed_window_s", "preempt_every_s", "preempt_every_tokens", "report_delay_s", "launch_backoff_s",

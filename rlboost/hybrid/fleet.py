@@ -6,10 +6,13 @@ GPUs it uses (`rollout.hybrid.gpus_per_worker`, `rlboost.cluster.placement`): re
 reserved GPUs with the trainer ranks by time; a preemptible one has its own. A preemptible
 instance is a worker process of the same node (`instances=processes`), a Ray node of its own started
 on this machine (`instances=nodes`), or a Ray node on an emulated host of its own behind a link
-(`instances=hosts`) (`Cluster.start_node`). Preempting an instance is a hard kill: SIGKILL of its
-process, or of its Ray node's whole process tree (a vanished VM takes its processes with it; a
-removed local node alone leaves them running), or the whole host vanishing, its link silent first.
-Nothing tells the manager: it finds out the way it would on a real cluster.
+(`instances=hosts`): an `Instance` of its kind (`rlboost.cluster.instances`, from `Cluster.launch`),
+which the fleet preempts, crashes and ends without knowing which kind it is. Preempting an instance
+is a hard kill of the whole instance: SIGKILL of its process, or of its Ray node's whole process tree (a
+vanished VM takes its processes with it; a removed local node alone leaves them running), or the
+whole host vanishing, its link silent first (`preempt_with=process`: only the worker's process dies).
+Nothing tells the manager: it finds out the way it would on a real cluster. The instances held are
+billed on one `InstanceMeter` (`rlboost.spot.meter`), the simulator's.
 
 The fleet ends its workers and their nodes (`shutdown`); Ray itself is the run's `Cluster`, which
 outlives the fleet.
@@ -18,8 +21,6 @@ outlives the fleet.
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -27,20 +28,20 @@ from pathlib import Path
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rlboost.cluster.host_copy import base_reader
+from rlboost.cluster.instances import Instance
 from rlboost.cluster.manifest import WeightManifest
 from rlboost.cluster.placement import worker_options
 from rlboost.cluster.publisher import Publisher
 from rlboost.cluster.ray_cluster import Cluster
-from rlboost.cluster.resources import MANY
-from rlboost.hybrid.config import HybridConfig
+from rlboost.hybrid.config import PREEMPT_WITH, HybridConfig
 from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.token_ledger import ledger_path
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 from rlboost.run_log import event
+from rlboost.spot.meter import InstanceMeter
 
 WorkerActor = ray.remote(RolloutWorker)
 
@@ -50,11 +51,10 @@ class Fleet:
         """`cluster`: the run's Ray (and its weight store's settings), started by the caller, who shuts
         it down after the fleet."""
         self.cfg, self.spec, self.manager, self.cluster = cfg, spec, manager, cluster
-        self.nodes: dict[str, object] = {}
-        """Worker name -> the process tree of its own Ray node (instances=nodes)."""
+        self.instances: dict[str, Instance] = {}
+        """Worker name -> where it runs (reserved workers too), until it ends."""
         self._counter = 0
         self._lock = threading.Lock()
-        self._node_lock = threading.Lock()
         self._boots: list[threading.Thread] = []
         """Threads booting instances: shutdown waits for them, as none may touch Ray after it stops."""
         self.joins = 0
@@ -62,8 +62,10 @@ class Fleet:
         """Instances asked for whose worker is not admitted yet."""
         self.killed: set[str] = set()
         self.released: set[str] = set()
-        self.lifetimes: dict[str, list[float]] = {}
-        """Instance name -> [launch time, end time or inf]: what a cloud bills."""
+        self.meter = InstanceMeter(time.monotonic())
+        """The preemptible instances held over time (monotonic clock): what a cloud bills."""
+        self._billed: set[str] = set()
+        """Instances on the meter now: launched (booting too), not ended."""
         self.groups: dict[str, PlacementGroup] = {}
         """Worker name -> the placement group of its GPUs, when it has one of its own (tensor parallelism)."""
         self._reserved_slots: dict[str, int] = {}
@@ -106,16 +108,18 @@ class Fleet:
             for _ in range(count):
                 if self._stopping:
                     break
-                pending.append((kind, *self._launch(kind, node_id, launched)))
+                pending.append((kind, *self._launch(kind, node_id)))
         handles = []
         for kind, name, actor, info_ref in pending:
             try:
                 info = self._await_boot(name, info_ref)
             except Exception as e:
                 self._ended(name)
+                self._end_instance(name)  # its node or host too, which nothing else would end before shutdown
                 if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
                     continue  # preempted while it booted
                 raise RuntimeError(f"rollout worker {name} ({kind}) failed to start: {first_line(e)}") from e
+            self.instances[name].booted(info.pid, info.node_id)
             handle = WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version,
                                   info.fingerprint, info.checksum, launched=launched)
             if self.manager.add_worker(handle):
@@ -124,25 +128,28 @@ class Fleet:
                     self.joins += 1
             else:
                 self._ended(name)
+                self._end_instance(name)
         return handles
 
-    def _launch(self, kind: str, node_id: str | None, launched: float) -> tuple[str, object, object]:
-        """Create one worker's actor (and, for an instance on a node of its own, the node): its name, the
-        actor and the reference its boot answers on."""
+    def _launch(self, kind: str, node_id: str | None) -> tuple[str, object, object]:
+        """Create one worker's instance (`Cluster.launch`: for one on a node of its own, the node, booted)
+        and actor: its name, the actor and the reference its boot answers on. An instance is billed from
+        the moment it is asked for, its boot included."""
         with self._lock:
             self._counter += 1
             name = f"{kind[:4]}-{self._counter}"
-        options: dict = {"num_cpus": 0, "max_concurrency": 8, "name": None}
-        if node_id is not None:
-            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        elif kind == PREEMPTIBLE and self.cluster.local_nodes:
-            self.nodes[name] = self._start_node(name)
-            options["resources"] = {f"instance-{name}": 1}  # the node's own resource pins the worker there
-        else:
-            options["resources"] = {kind: 1}
-        options = self._with_gpus(name, kind, options, node_id)
-        if kind == PREEMPTIBLE:
-            self.lifetimes[name] = [launched, float("inf")]
+            if kind == PREEMPTIBLE:
+                self._billed.add(name)
+                self.meter.count(+1, time.monotonic())
+        try:
+            instance = self.cluster.launch(name, kind, node_id, self.cfg.call_timeout_s, lambda: self._stopping)
+        except BaseException:
+            self._ended(name)
+            raise
+        with self._lock:
+            self.instances[name] = instance
+        options = self._with_gpus(name, kind, {"num_cpus": 0, "max_concurrency": 8, "name": None} | instance.options(),
+                                  node_id)
         actor = WorkerActor.options(**options).remote(self._spec_for(name))
         return name, actor, actor.info.remote()
 
@@ -183,10 +190,7 @@ class Fleet:
         instance whose link came back is ended, not counted twice); they stop being billed."""
         for h in self.manager.table.reap():
             self._ended(h.name)
-            with self._node_lock:
-                node = self.nodes.pop(h.name, None)
-            if node is not None:
-                self.cluster.end_node(node)
+            self._end_instance(h.name)
 
     def replenish(self) -> int:
         """Bring the preemptible pool back to `num_preemptible` at once; returns how many joined."""
@@ -227,25 +231,24 @@ class Fleet:
                       key=lambda h: h.name)
 
     def preempt(self, handle: WorkerHandle, how: str | None = None, by: str = "a hard kill") -> None:
-        """Hard-kill an instance, as a cloud provider would; tells the manager nothing it acts on (it
-        finds the death itself), only who did it (`by`), for the console's line about it."""
+        """Hard-kill an instance, as a cloud provider would (`how`: `instance`, the whole of it, or
+        `process`, its worker's process alone; default `rollout.hybrid.preempt_with`); tells the manager
+        nothing it acts on (it finds the death itself), only who did it (`by`), for the console's line
+        about it. Billing stops now; a crashed instance's node or host ends when its worker is reaped."""
         how = how or self.cfg.preempt_with
+        if how not in PREEMPT_WITH:
+            raise ValueError(f"preempt how={how!r}; choose one of {', '.join(PREEMPT_WITH)}")
         if handle.name in self.killed:
-            return  # its pid may belong to another process by now
+            return
         self.killed.add(handle.name)
         self.manager.table.causes[handle.name] = f"preempted by {by}"
         self._ended(handle.name)
-        if how == "node" or self.cluster.room is not None:  # a host's PIDs are its own namespace's
-            if not self.cluster.local_nodes:
-                raise ValueError(f"{handle.name} has no Ray node of its own (rollout.hybrid.instances=nodes or hosts)")
-            node = self.nodes.pop(handle.name, None)  # None: ended already, when its dead worker was reaped
-            if node is not None:
-                self.cluster.end_node(node)
-        if self.cluster.room is None:
-            try:
-                os.kill(handle.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        if how == "process":
+            instance = self.instances.get(handle.name)
+            if instance is not None:  # None: ended already, when its dead worker was reaped
+                instance.crash(handle.pid)
+        else:
+            self._end_instance(handle.name, preempted=True)
 
     def release(self, handle: WorkerHandle) -> None:
         """Give an instance back (beyond the cap): a graceful end, not a preemption. The manager takes
@@ -282,18 +285,29 @@ class Fleet:
         """The manager's `on_retire`: the instance holds nothing any more; end it and its node."""
         self._ended(handle.name)
         ray.kill(handle.actor, no_restart=True)
-        with self._node_lock:
-            node = self.nodes.pop(handle.name, None)
-        if node is not None:
-            self.cluster.end_node(node)
+        self._end_instance(handle.name)
 
-    def instance_seconds(self, t0: float, t1: float) -> float:
-        """Preemptible instance-seconds billed between monotonic times t0 and t1."""
-        return sum(max(0.0, min(end, t1) - max(start, t0)) for start, end in list(self.lifetimes.values()))
+    def billed_seconds(self) -> float:
+        """Preemptible instance-seconds billed from the fleet's start until now (a window's bill is the
+        difference of two readings)."""
+        with self._lock:
+            return self.meter.seconds(time.monotonic())
+
+    def _end_instance(self, name: str, preempted: bool = False) -> None:
+        """Forget where worker `name` ran and end it (or preempt it), once."""
+        with self._lock:
+            instance = self.instances.pop(name, None)
+        if instance is not None and preempted:
+            instance.preempt()
+        elif instance is not None:
+            instance.end()
 
     def _ended(self, name: str) -> None:
-        if name in self.lifetimes:
-            self.lifetimes[name][1] = min(self.lifetimes[name][1], time.monotonic())
+        """Worker `name` is done for the books: off the meter, its GPUs' placement group removed."""
+        with self._lock:
+            if name in self._billed:
+                self._billed.discard(name)
+                self.meter.count(-1, time.monotonic())
         group = self.groups.pop(name, None)
         if group is not None:  # its GPUs go back for the next instance
             remove_placement_group(group)
@@ -305,11 +319,10 @@ class Fleet:
         for thread in boots:  # each gives up within a poll interval once it sees _stopping
             thread.join(timeout=30)
         self.manager.shutdown()
-        for name in list(self.groups):
+        for name in list(self.groups) + list(self._billed):
             self._ended(name)
-        with self._node_lock:
-            for node in self.nodes.values():
-                self.cluster.end_node(node)
+        for name in list(self.instances):
+            self._end_instance(name)
 
     def _await_boot(self, name: str, info_ref):
         """Booting worker `name`'s info; gives up at call_timeout_s, or at once when the fleet stops."""
@@ -320,20 +333,6 @@ class Fleet:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no answer in {self.cfg.call_timeout_s} s")
         return ray.get(info_ref)
-
-    def _start_node(self, name: str):
-        """Boot the Ray node of instance `name` and wait until the cluster lists it. One at a time:
-        nodes booting side by side on one machine race for the same ports."""
-        resource = f"instance-{name}"
-        with self._node_lock:
-            node = self.cluster.start_node({PREEMPTIBLE: MANY, resource: 1})
-            deadline = time.monotonic() + self.cfg.call_timeout_s
-            while not any(n["Alive"] and resource in n["Resources"] for n in ray.nodes()):
-                if node.poll() is not None or time.monotonic() > deadline or self._stopping:
-                    self.cluster.end_node(node)
-                    raise RuntimeError(f"the Ray node of {name} did not come up")
-                time.sleep(0.05)
-        return node
 
     def _with_gpus(self, name: str, kind: str, options: dict, node_id: str | None) -> dict:
         """`options` plus the GPUs worker `name` owns (`rlboost.cluster.placement`): reserved worker j

@@ -71,6 +71,8 @@ class HybridRollout:
         self.training = False  # whether the step under way trains (an evaluation does not)
         self.instances_at_start = 0
         self.step_started = time.monotonic()
+        self.billed_at_start = 0.0
+        """The fleet's instance-seconds when the step started: the step is billed the rest."""
         self.seed_window_s = cfg.seed_window_s
 
     def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
@@ -78,6 +80,7 @@ class HybridRollout:
         the end (evaluation)."""
         self.instances_at_start = self._instances()
         self.step_started = time.monotonic()
+        self.billed_at_start = self.fleet.billed_seconds()
         self.training = training
         self.fleet.reap()
         order = overruns = expected = plan = None
@@ -124,7 +127,7 @@ class HybridRollout:
             train_s=max(0.0, train_s - report.released_s - report.trainer_wait_s),
             wait_train_s=report.trainer_wait_s, remote_s=report.remote_s, wait_remote_s=report.wait_remote_s,
             samples=report.samples, response_tokens=report.response_tokens,
-            instance_s=self.fleet.instance_seconds(self.step_started, now), provision_s=report.pulls.provision_s,
+            instance_s=self.fleet.billed_seconds() - self.billed_at_start, provision_s=report.pulls.provision_s,
             measured=report.stats.offload_measurements())
         cap = self.loop.end(outcome)
         self.provider.set_cap(cap)

@@ -1,5 +1,6 @@
-"""What a simulated run records: one `StepRecord` per training step, and the instances it held over
-time (`InstanceMeter`). Plain data and arithmetic; the cluster (`rlboost.sim.cluster`) fills them in."""
+"""What a simulated run records: one `StepRecord` per training step (the instances it held over time
+are `rlboost.spot.meter.InstanceMeter`'s, shared with the runtime). Plain data and arithmetic; the
+cluster (`rlboost.sim.cluster`) fills them in."""
 
 from __future__ import annotations
 
@@ -61,30 +62,4 @@ class StepRecord:
     instance got any)."""
 
 
-class InstanceMeter:
-    """Instances alive over simulated time: the timeline of their count, and the instance-seconds the
-    run held (booting and pulling included: what a cloud bills)."""
-
-    def __init__(self):
-        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
-        """(time, instances alive from then on), one entry per change."""
-        self.live = 0
-        self._seconds = 0.0
-        self._since = 0.0
-
-    def seconds(self, now: float) -> float:
-        """Instance-seconds held from 0 to `now`."""
-        return self._seconds + self.live * (now - self._since)
-
-    def count(self, delta: int, now: float) -> None:
-        """`delta` instances started (+) or ended (-) at `now`."""
-        self._seconds = self.seconds(now)
-        self._since = now
-        self.live += delta
-        if self.timeline[-1][0] == now:
-            self.timeline[-1] = (now, self.live)
-        else:
-            self.timeline.append((now, self.live))
-
-
-__all__ = ["InstanceMeter", "StepRecord"]
+__all__ = ["StepRecord"]

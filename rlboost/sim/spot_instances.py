@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from rlboost.sim.members import SimInstance
 from rlboost.sim.pulls import PullTimes
-from rlboost.sim.records import InstanceMeter
+from rlboost.spot.meter import InstanceMeter
 from rlboost.spot.trace import ReplayActions, TraceReplay
 
 

@@ -128,7 +128,7 @@ def test_a_hosts_ray_node_joins_with_its_gpus_and_vanishes_whole():
         assert sorted(s[0] for s in seen) == ["0", "1"] and {s[1] for s in seen} == {2**20}
         tree = [psutil.Process(pid) for pid in node.host.pids()]
         assert len(tree) > 3  # the host's init, the node's raylet and its helpers, its workers
-        cluster.end_node(node)
+        node.end()
         assert node.poll() is not None
         assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         again = cluster.start_node({"preemptible": 1})  # the host boots afresh for the next instance

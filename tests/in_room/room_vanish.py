@@ -26,7 +26,7 @@ HOSTS = [HostEntry(kind="reserved", name="res-0", cpus=2), HostEntry(kind="preem
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hosts")
-    fleet, weights = start_fleet(tmp, num_preemptible=2, instances="hosts", preempt_with="node", hosts=HOSTS,
+    fleet, weights = start_fleet(tmp, num_preemptible=2, instances="hosts", hosts=HOSTS,
                                  heartbeat_timeout_s=patience(HEARTBEAT_S))
     fleet.weights, fleet.tmp = weights, tmp
     yield fleet
@@ -39,7 +39,7 @@ def ref():
 
 
 def host_of(fleet, name: str):
-    return fleet.nodes[name].host
+    return fleet.instances[name].host
 
 
 def test_a_vanished_host_is_found_by_heartbeat_and_loses_nothing(fleet, ref):
@@ -77,7 +77,7 @@ def test_a_partitioned_host_whose_link_returns_is_fenced(fleet, ref):
     [(_, name, reason)] = run.stats.deaths
     assert name == cut["name"] and reason.startswith("no sign of life")
     fleet.reap()  # the fenced instance is ended, its host with it: it joins no step again
-    assert name not in fleet.nodes and name not in {h.name for h in fleet.handles()}
+    assert name not in fleet.instances and name not in {h.name for h in fleet.handles()}
     refill(fleet)
     assert len(fleet.alive(PREEMPTIBLE)) == 2
 

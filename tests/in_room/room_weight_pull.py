@@ -65,4 +65,4 @@ def test_a_slow_link_carries_each_byte_of_a_pull_once(cluster):
         quiet, last = (quiet + 1 if now - last < 50_000 else 0), now
     carried = last - before
     assert carried < manifest.nbytes * 1.1, f"{carried / 2**20:.1f} MiB crossed the link for a {manifest.nbytes / 2**20:.0f} MiB pull"
-    cluster.end_node(node)
+    node.end()
