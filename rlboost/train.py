@@ -99,6 +99,8 @@ class Run(RunParts):
     """The step under way (0: the evaluation before the first)."""
     phase: str = "starting"
     """What the loop is doing: rollout, training, publishing weights, testing, saving a checkpoint."""
+    ess_collapsed: bool = False
+    """Whether the console was told the behaviour weights' effective sample size collapsed (once a run)."""
 
     def status(self) -> str:
         """One line on what the step under way is doing now, for the console (any thread)."""
@@ -137,11 +139,21 @@ class Run(RunParts):
         with timed(metrics, "update_weights"):
             self.rollout.publish(trainer_weights(self.trainer, self.cfg, step), version=step)
         self.version = step
-        metrics |= rollout_metrics(finished)
+        metrics |= rollout_metrics(finished, version=step - 1)
+        self.watch_ess(step, metrics.get("actor/ess", 1.0))
         metrics |= self.scorer.pop_metrics()
         metrics["training/global_step"] = float(step)
         metrics["training/epoch"] = float(self.loader.epoch)
         return metrics
+
+    def watch_ess(self, step: int, ess: float) -> None:
+        """One console line the first time the step's effective sample size falls under ESS_COLLAPSE."""
+        if ess < ESS_COLLAPSE and not self.ess_collapsed:
+            self.ess_collapsed = True
+            logging.getLogger(__name__).warning(
+                "step %d: the effective sample size of the behaviour weights collapsed to %.2f (under %.2f): the "
+                "policy trained has moved far from the one that sampled its tokens; runs that go on so tend to "
+                "diverge (actor/ess, actor/behav_weight_max)", step, ess, ESS_COLLAPSE)
 
     def evaluate(self) -> dict[str, float]:
         """Mean score of `rollout.val_n` responses per held-out prompt (veRL's `val/score/mean`)."""
@@ -194,8 +206,16 @@ def score(groups: list[Group], scorer: RewardScorer, tokenizer) -> None:
         s.reward = reward
 
 
-def rollout_metrics(groups: list[Group]) -> dict[str, float]:
+ESS_COLLAPSE = 0.3
+"""`actor/ess` under this is a collapse worth a console line: a third of the tokens carry the step's
+gradient (VCPO, arXiv 2602.17616, reads a collapsing ESS as the sign of a diverging off-policy run)."""
+
+
+def rollout_metrics(groups: list[Group], version: int) -> dict[str, float]:
+    """The step's rollout, as veRL names it, and how stale its tokens are: `staleness/*` counts, per
+    token, the versions between the one that made it and `version`, the one the step trains from."""
     samples = [s for g in groups for s in g.samples]
+    staleness = np.array([version - v for s in samples for v in s.versions], dtype=float)
     scores = np.array([s.reward for s in samples], dtype=float)
     lengths = np.array([len(s.response_ids) for s in samples], dtype=float)
     prompt_lengths = np.array([len(s.prompt_ids) for s in samples], dtype=float)
@@ -208,6 +228,8 @@ def rollout_metrics(groups: list[Group]) -> dict[str, float]:
         "prompt_length/mean": prompt_lengths.mean(),
         "perf/total_num_tokens": float(lengths.sum() + prompt_lengths.sum()),
         "perf/response_tokens": float(lengths.sum()),
+        "staleness/mean": staleness.mean() if staleness.size else 0.0,
+        "staleness/max": staleness.max() if staleness.size else 0.0,
     }
 
 

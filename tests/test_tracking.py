@@ -293,3 +293,14 @@ def test_wandb_sink_when_installed(tmp_path, monkeypatch):
         t.log(1, {"critic/score/mean": np.float32(0.5)})
     assert calls == [("init", {"project": "rlboost", "name": "exp1", "dir": str(tmp_path)}),
                      ("log", {"critic/score/mean": 0.5}, 1), ("finish",)]
+
+
+def test_report_plots_staleness_and_the_effective_sample_size(tmp_path):
+    lines = [{"step": s, "timing_s/step": 1.0, "staleness/mean": 0.5 * s, "staleness/max": float(s),
+              "actor/ess": 1.0 - 0.2 * s} for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    text = write_report(tmp_path).read_text()
+    assert "](off_policy.png)" in text
+    assert (tmp_path / "report" / "off_policy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "timing_s/step": 2.0}\n')  # a run that logged neither
+    assert "off_policy.png" not in write_report(tmp_path).read_text()

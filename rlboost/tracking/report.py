@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 from rlboost.tracking.report_data import HTML_REPORT, METRICS_FILE, REPORT_DIR, Rows, read_metrics, summary
 from rlboost.tracking.report_html import write_html
-from rlboost.tracking.report_plots import (save_figure, plot_cost, plot_offload, plot_reward, plot_response_length,
-                                           plot_spot, plot_time_breakdown)
+from rlboost.tracking.report_plots import (plot_cost, plot_off_policy, plot_offload, plot_response_length,
+                                           plot_reward, plot_spot, plot_time_breakdown, save_figure)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -53,6 +53,7 @@ def write_report(run_dir: Path, title: str = "") -> Path:
         ("Preemptible instances", "spot.png", plot_spot),
         ("Offload controller", "offload.png", plot_offload),
         ("Cost", "cost.png", plot_cost),
+        ("Off-policy", "off_policy.png", plot_off_policy),
     ]
     for heading, file_name, plot in plots:
         figure = plot(rows)

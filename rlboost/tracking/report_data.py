@@ -38,6 +38,9 @@ TOTAL_USD = "cost/total_usd"
 TOTAL_TOKENS_PER_USD = "cost/total_tokens_per_usd"
 TIMING_PREFIX = "timing_s/"
 THROUGHPUT = "perf/throughput"
+STALENESS = "staleness/mean"
+STALENESS_MAX = "staleness/max"
+ESS = "actor/ess"
 
 Rows = dict[int, dict[str, float]]
 

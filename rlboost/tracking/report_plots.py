@@ -7,10 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rlboost.tracking.report_data import (CAP, CAP_ADVISED, COLOCATED_EST, INSTANCES, INSTANCES_END, LENGTH,
+from rlboost.tracking.report_data import (CAP, CAP_ADVISED, COLOCATED_EST, ESS, INSTANCES, INSTANCES_END, LENGTH,
                                           LENGTH_MAX, LENGTH_MIN, MIGRATED, PREEMPTIONS, PROVISION, PULL, SCORE,
-                                          SEED_WINDOW, STEP_TIME, TIMING_PREFIX, TOKENS_PER_USD, TOTAL_USD, VAL_SCORE,
-                                          WAIT_REMOTE, WAIT_TRAIN, WASTED, Rows, format_number, format_usd, series)
+                                          SEED_WINDOW, STALENESS, STALENESS_MAX, STEP_TIME, TIMING_PREFIX,
+                                          TOKENS_PER_USD, TOTAL_USD, VAL_SCORE, WAIT_REMOTE, WAIT_TRAIN, WASTED, Rows,
+                                          format_number, format_usd, series)
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -273,6 +274,32 @@ def plot_cost(rows: Rows) -> Figure | None:
         handles, labels = handles + more_handles, labels + more_labels
     _single_step_axis(ax, steps + est_steps + usd_steps)
     ax.legend(handles, labels, loc="lower right", fontsize="small")
+    return figure
+
+
+def plot_off_policy(rows: Rows) -> Figure | None:
+    """How far off-policy each step trained: its tokens' staleness in versions (mean, and the worst token)
+    and, on a second axis, the effective sample size of the behaviour weights (1: on-policy)."""
+    steps, ess = series(rows, ESS)
+    stale_steps, stale = series(rows, STALENESS)
+    if not steps and not stale_steps:
+        return None
+    figure, ax = _axes("Off-policy", "staleness (versions)")
+    handles = []
+    if stale_steps:
+        handles += ax.plot(stale_steps, stale, color="tab:blue", marker=_marker(len(stale_steps)), markersize=3,
+                           label=STALENESS)
+        max_steps, worst = series(rows, STALENESS_MAX)
+        if worst:
+            handles += ax.plot(max_steps, worst, color="tab:blue", linestyle=":", label=STALENESS_MAX)
+        ax.set_ylim(bottom=0, top=max([1.0, *stale, *worst]) * 1.1)
+    if steps:
+        twin = ax.twinx()
+        handles += twin.plot(steps, ess, color="tab:red", marker=_marker(len(steps)), markersize=3, label=ESS)
+        twin.set_ylabel("effective sample size")
+        twin.set_ylim(0, 1.05)
+    _single_step_axis(ax, steps + stale_steps)
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower left", fontsize="small")
     return figure
 
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSSES = ("grpo", "decoupled", "m2po")
+"""The policy losses (`trainer.loss`, `rlboost/trainer/losses.py`)."""
 LR_SCHEDULES = ("constant", "cosine")
 
 
@@ -57,6 +59,17 @@ class TrainerConfig:
     measures it); 0 (the default) turns it off and the PPO ratio is against the rollout's log-probs.
     2 is the paper's value. Needs one optimizer step per RL step (`mini_batch_groups` 0 or the whole
     batch): a streamed step has the trainer's starting log-probs only before its first update."""
+    loss: str = "grpo"
+    """The policy loss per token (`rlboost/trainer/losses.py`): `grpo` (PPO-clip on pi_theta / pi_behav,
+    with `tis_cap` its truncated-IS form), `decoupled` (AReaL's decoupled PPO: the clip on
+    pi_theta / pi_prox times the capped behaviour weight pi_prox / pi_behav, for stale tokens) or `m2po`
+    (no clip; the tokens of largest (log pi_theta / pi_behav)^2 masked until the rest's mean is at most
+    `m2_threshold`, for very stale batches). With fresh tokens from an exact engine all three train alike."""
+    behaviour_cap: float = 2.0
+    """`loss=decoupled`: the cap on the behaviour weight pi_prox / pi_behav (>= 1); a larger weight is
+    truncated to it (`actor/tis_clipfrac` counts them)."""
+    m2_threshold: float = 0.04
+    """`loss=m2po`: tau, the largest mean (log r)^2 of the tokens kept (the paper's 0.04)."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the frozen initial policy (k3 estimator, veRL's `low_var_kl`);
     0 disables it and no reference model is kept."""
@@ -117,6 +130,15 @@ class TrainerConfig:
             raise ValueError(f"trainer.loss_agg_mode={self.loss_agg_mode!r}; choose one of {', '.join(LOSS_AGG_MODES)}")
         if self.tis_cap != 0 and not self.tis_cap >= 1:
             raise ValueError(f"trainer.tis_cap must be 0 (off) or >= 1, got {self.tis_cap}")
+        if self.loss not in LOSSES:
+            raise ValueError(f"trainer.loss={self.loss!r}; choose one of {', '.join(LOSSES)}")
+        if self.tis_cap and self.loss != "grpo":
+            raise ValueError(f"trainer.tis_cap is loss=grpo's truncated-IS form; loss={self.loss} has its own "
+                             "weighting (trainer.behaviour_cap for decoupled): set trainer.tis_cap=0")
+        if not self.behaviour_cap >= 1:
+            raise ValueError(f"trainer.behaviour_cap must be >= 1, got {self.behaviour_cap}")
+        if not self.m2_threshold > 0:
+            raise ValueError(f"trainer.m2_threshold must be > 0, got {self.m2_threshold}")
         if self.kl_coef < 0:
             raise ValueError(f"trainer.kl_coef must be >= 0, got {self.kl_coef}")
         if self.dtype not in ("auto", "float32", "bfloat16"):

@@ -12,6 +12,11 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from rlboost.trainer.losses import TokenLoss
+
+LOG_WEIGHT_BOUND = 20.0
+"""|log w| is clamped here before exp(), as the losses clamp their ratios."""
+
 
 class TrainStepStats:
     """One training step's sums (one rank's share at world size > 1)."""
@@ -46,9 +51,19 @@ class TrainStepStats:
         self.mismatch_tokens = 0.0
         """How many tokens `probs_diff_sum` covers."""
         self.tis_weight = 0.0
-        """With `trainer.tis_cap`: sum over tokens of the truncated importance weight."""
+        """With a capped behaviour weight (`trainer.tis_cap`, `loss=decoupled`): sum over tokens of the
+        weight applied."""
         self.tis_truncated = 0.0
-        """With `trainer.tis_cap`: tokens whose weight the cap truncated."""
+        """With a capped behaviour weight: tokens whose weight the cap truncated."""
+        self.behav_weight = 0.0
+        """Sum over tokens of the behaviour weight w = pi_trainer / pi_behav (uncapped), the trainer's
+        log-probs at the forward that trained the token: staleness and engine mismatch in one number."""
+        self.behav_weight_sq = 0.0
+        """Sum over tokens of w^2 (the effective sample size's denominator)."""
+        self.behav_weight_max = 0.0
+        """The largest w of the step."""
+        self.m2_masked = 0.0
+        """`loss=m2po`: tokens its second-moment mask dropped."""
 
     def add_mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|pi_trainer - pi_rollout| per token (veRL's `training/rollout_probs_diff_*`)."""
@@ -56,6 +71,19 @@ class TrainStepStats:
         self.probs_diff_sum += diff.sum().item()
         self.probs_diff_max = max(self.probs_diff_max, diff.max().item() if diff.numel() else 0.0)
         self.mismatch_tokens += mask.sum().item()
+
+    def add_behaviour(self, trainer_logp: torch.Tensor, behaviour_logp: torch.Tensor, mask: torch.Tensor,
+                      token: TokenLoss) -> None:
+        """The behaviour weights of one forward's tokens, and what the loss did with them."""
+        weight = (trainer_logp.float() - behaviour_logp).clamp(-LOG_WEIGHT_BOUND, LOG_WEIGHT_BOUND).exp() * mask
+        self.behav_weight += weight.sum().item()
+        self.behav_weight_sq += weight.pow(2).sum().item()
+        self.behav_weight_max = max(self.behav_weight_max, weight.max().item() if weight.numel() else 0.0)
+        if token.weight is not None:
+            self.tis_weight += (token.weight * mask).sum().item()
+            self.tis_truncated += (token.truncated * mask).sum().item()
+        if token.masked is not None:
+            self.m2_masked += (token.masked * mask).sum().item()
 
     def end_mini_batch(self, denominator: float, grad_norm: float) -> None:
         self.pg_losses.append(self.pg_numerator / denominator)
@@ -73,9 +101,10 @@ class TrainStepStats:
         per-mini-batch losses and gradient norms are global already (all-reduced), hence equal on all."""
         out = cls()
         for key in ("tokens", "clipped", "approx_kl", "entropy", "probs_diff_sum", "mismatch_tokens", "tis_weight",
-                    "tis_truncated"):
+                    "tis_truncated", "behav_weight", "behav_weight_sq", "m2_masked"):
             setattr(out, key, sum(p[key] for p in parts))
         out.probs_diff_max = max(p["probs_diff_max"] for p in parts)
+        out.behav_weight_max = max(p["behav_weight_max"] for p in parts)
         out.advantages = [a for p in parts for a in p["advantages"]]
         for key in ("pg_losses", "kl_losses", "grad_norms", "skipped"):
             setattr(out, key, parts[0][key])
@@ -87,7 +116,11 @@ class TrainStepStats:
         adv = self.advantages or [0.0]
         tis = {"actor/tis_weight_mean": self.tis_weight / tokens,
                "actor/tis_clipfrac": self.tis_truncated / tokens} if self.tis_weight else {}
-        return tis | {
+        m2po = {"actor/m2po_masked_frac": self.m2_masked / tokens} if self.m2_masked else {}
+        return tis | m2po | {
+            "actor/behav_weight_mean": self.behav_weight / tokens,
+            "actor/behav_weight_max": self.behav_weight_max,
+            "actor/ess": ess(self.behav_weight, self.behav_weight_sq, self.tokens),
             "training/rollout_probs_diff_mean": self.probs_diff_sum / max(self.mismatch_tokens, 1.0),
             "training/rollout_probs_diff_max": self.probs_diff_max,
             "actor/pg_loss": sum(self.pg_losses) / max(len(self.pg_losses), 1),
@@ -105,4 +138,11 @@ class TrainStepStats:
         }
 
 
-__all__ = ["TrainStepStats"]
+def ess(weight_sum: float, weight_sq_sum: float, tokens: float) -> float:
+    """The normalised effective sample size of importance weights, (sum w)^2 / (N sum w^2), in (0, 1]:
+    1 when every weight is equal, near 0 when a few tokens carry the batch (VCPO, arXiv 2602.17616: its
+    collapse foretells a diverging run). 1 for an empty step."""
+    return weight_sum ** 2 / (tokens * weight_sq_sum) if tokens and weight_sq_sum else 1.0
+
+
+__all__ = ["TrainStepStats", "ess"]

@@ -13,9 +13,11 @@ Contract (docs/training.md, "The trainer"):
   batch up to float rounding, with a fraction of the compute.
 - Behaviour log-probs are the ones the engine streamed with each token (the step's weights); the
   trainer's own log-probs use the same temperature, so the PPO ratio starts at 1 up to the engine's
-  numerics. Where those differ (vLLM, bf16), `tis_cap` takes the ratio against the trainer's own starting
-  log-probs and weighs each token by the truncated ratio pi_trainer / pi_rollout (`_tis_loss`); the
-  mismatch is reported either way (`training/rollout_probs_diff_*`).
+  numerics. The loss per token is `trainer.loss`'s (`trainer/losses.py`): where the engine's numerics
+  differ (vLLM, bf16), `tis_cap` takes the ratio against the trainer's own starting log-probs and weighs
+  each token by the truncated ratio pi_trainer / pi_rollout; for stale tokens, `decoupled` and `m2po`.
+  The mismatch is reported either way (`training/rollout_probs_diff_*`), and the behaviour weight
+  pi_trainer / pi_behav of every token with its effective sample size (`actor/behav_*`, `actor/ess`).
 - The step is driven through public calls, in this order: `begin_step`, then per event of the step's
   `BatchSchedule` (`trainer/schedule.py`) `micro_batch` or `optimizer_step`, then `end_step`;
   `train_step` runs them at world size 1, a sharded rank's driver runs them on every rank.
@@ -40,7 +42,8 @@ from rlboost.engine.engine import resolve_device
 from rlboost.rollout.sample import Group
 from rlboost.trainer import state
 from rlboost.trainer.config import TrainerConfig
-from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3, ppo_clip_loss
+from rlboost.trainer.grpo import aggregate_parts, group_advantages, kl_k3
+from rlboost.trainer.losses import make_loss
 from rlboost.trainer.logprobs import pad_batch, response_logprobs, shared_prompt_logprobs
 from rlboost.trainer.schedule import BatchSchedule, MicroBatch
 from rlboost.trainer.stats import TrainStepStats
@@ -112,6 +115,9 @@ class Trainer:
             if ref_model is None:
                 raise ValueError("trainer.kl_coef > 0 needs a reference model")
             self.ref_model = self.placement.place_reference(ref_model, self.device)
+        self.loss = make_loss(config.loss, config.clip_ratio_low, config.clip_ratio_high, config.tis_cap,
+                              config.behaviour_cap, config.m2_threshold)
+        """The policy loss per token (`trainer.loss`, `rlboost.trainer.losses`)."""
         self.temperature = temperature
         self.max_response_length = max_response_length
         self.pad_token_id = pad_token_id
@@ -183,12 +189,9 @@ class Trainer:
             logp, entropy = self._logprobs(self.model, samples, batch, with_entropy=True)
         if not stats.grad_norms:  # no update yet this step: logp is the starting weights', as the rollout's were
             stats.add_mismatch(logp.detach(), old_logp, mask)
-        if cfg.tis_cap:
-            token_loss, clipped, approx_kl = self._tis_loss(logp, old_logp, advantages, mask, stats)
-        else:
-            token_loss, clipped, approx_kl = ppo_clip_loss(logp, old_logp, advantages, cfg.clip_ratio_low,
-                                                           cfg.clip_ratio_high)
-        numerator, denominator = aggregate_parts(token_loss, mask, cfg.loss_agg_mode, self.max_response_length)
+        token = self.loss(logp, old_logp, advantages, mask)
+        stats.add_behaviour(logp.detach(), old_logp, mask, token)
+        numerator, denominator = aggregate_parts(token.loss, mask, cfg.loss_agg_mode, self.max_response_length)
         total = numerator
         if self.ref_model is not None:
             with torch.no_grad(), torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
@@ -201,25 +204,11 @@ class Trainer:
 
         stats.pg_numerator += numerator.item()
         stats.tokens += mask.sum().item()
-        stats.clipped += (clipped * mask).sum().item()
-        stats.approx_kl += (approx_kl * mask).sum().item()
+        stats.clipped += (token.clipped * mask).sum().item()
+        stats.approx_kl += (token.approx_kl * mask).sum().item()
         stats.entropy += entropy.sum().item()
         stats.advantages.extend(advantages.tolist())
         return denominator
-
-    def _tis_loss(self, logp, rollout_logp, advantages, mask, stats: TrainStepStats):
-        """PPO-clip against the trainer's own starting log-probs, each token weighted by the truncated
-        ratio min(pi_trainer / pi_rollout, tis_cap) (`TrainerConfig.tis_cap`). The step has one
-        optimizer step (checked before it starts), so `logp` detached *is* the starting policy."""
-        cfg = self.config
-        start_logp = logp.detach()
-        log_ratio = start_logp - rollout_logp
-        weight = log_ratio.clamp(max=math.log(cfg.tis_cap)).exp()
-        token_loss, clipped, approx_kl = ppo_clip_loss(logp, start_logp, advantages, cfg.clip_ratio_low,
-                                                       cfg.clip_ratio_high)
-        stats.tis_weight += (weight * mask).sum().item()
-        stats.tis_truncated += ((log_ratio > math.log(cfg.tis_cap)) * mask).sum().item()
-        return token_loss * weight, clipped, approx_kl
 
     def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         if self.share_prompt:
