@@ -340,4 +340,4 @@ def test_relative_numbers_of_a_full_segment():
     assert rel["throughput"] > 1.2  # spot instances make rollout faster than the node alone
     assert r.tokens_per_usd == pytest.approx(r.tokens / r.cost_usd)
     assert r.cost_usd == pytest.approx(RESERVED_USD_PER_S * r.wall_s + 5.32 / 3600 * r.instance_seconds)
-    assert set(POLICIES) == {"verl", "verl2x", "disagg", "rlboost", "rlboost-noseed", "rlboost-nomemory"}
+    assert set(POLICIES) == {"verl", "verl2x", "disagg", "verl-async", "rlboost", "rlboost-noseed", "rlboost-nomemory"}

@@ -60,6 +60,9 @@ class StepRecord:
     remote_s: float = 0.0
     """t_remote: from the first work an instance got in the step to its last response (0 when no
     instance got any)."""
+    rollout_window: tuple[float, float] | None = None
+    """(start, end) of the generation of the step's samples where it ran ahead of the step itself
+    (verl-async: the rollout k versions ahead of the trainer); None: within the step."""
 
 
 __all__ = ["StepRecord"]

@@ -15,13 +15,15 @@ Policies:
 - verl2x: the same on twice the reserved nodes (twice the cost).
 - disagg: StreamRL-style static split of the reserved GPUs into rollout and training GPUs, stream
   training, on-policy (the next rollout starts after the update); the split is swept.
+- verl-async: veRL's fully-async mode: the same split, the rollout up to `max_staleness` versions
+  ahead of the trainer with partial rollout (`rlboost.sim.async_baseline`); the split is swept.
 - rlboost: reserved engines seed for T_seed, then train on streamed groups while spot instances
   (from the trace) finish the rollout; T_seed and the instance cap from the offload controller.
 - rlboost-noseed: T_seed pinned at 0; the controller still sets the instance cap (only seeding is
   removed).
 - rlboost-nomemory: the controller without its memory M[n].
 
-`python -m rlboost.sim.simulator` prints the table of every policy on the three segments.
+`rlboost simulate` (`rlboost.sim.report`) prints the table of every policy, model and segment.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from rlboost.policies.offload import OffloadConfig, OffloadController
+from rlboost.sim.async_baseline import async_steps
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.records import StepRecord
 from rlboost.sim.baselines import colocated_step
@@ -42,7 +45,7 @@ from rlboost.spot.cost import CostConfig, CostMeter
 from rlboost.spot.trace import SEGMENTS, SpotTrace, TraceConfig, load_trace
 
 _PREFIX = "simulate"
-POLICIES = ("verl", "verl2x", "disagg", "rlboost", "rlboost-noseed", "rlboost-nomemory")
+POLICIES = ("verl", "verl2x", "disagg", "verl-async", "rlboost", "rlboost-noseed", "rlboost-nomemory")
 MIGRATIONS = ("token", "recompute")
 DISAGG_PILOT_STEPS = 3
 """disagg with rollout_gpus=0 picks its split from this many steps of every allowed split."""
@@ -66,7 +69,7 @@ class SimConfig:
     model: str = "qwen3-8b"
     """A model of rlboost.sim.specs.MODELS: qwen3-8b, qwen3-14b or qwen3-32b."""
     policy: str = "rlboost"
-    """verl | verl2x | disagg | rlboost | rlboost-noseed | rlboost-nomemory (module docstring)."""
+    """verl | verl2x | disagg | verl-async | rlboost | rlboost-noseed | rlboost-nomemory (module docstring)."""
     segment: str = "A"
     """Segment of the bundled trace: A (abundant), B (fluctuating), C (scarce), 2 hours each. Applies
     when `trace.path` is empty; a CSV of one's own is replayed from its start (or trace.start_h)."""
@@ -149,8 +152,11 @@ class SimConfig:
     """With notices and HistoPipe's history: samples expected to finish before the kill stay on the
     instance until then (`rlboost.policies.notice`); False: every sample is taken back at the notice."""
     rollout_gpus: int = 0
-    """disagg only: reserved GPUs that run rollout (a multiple of tp, the rest train); 0: try every
-    split on the first DISAGG_PILOT_STEPS steps and run the best."""
+    """disagg and verl-async: reserved GPUs that run rollout (a multiple of tp, the rest train); 0: try
+    every split (disagg: on its first DISAGG_PILOT_STEPS steps) and run the best."""
+    max_staleness: int = 0
+    """verl-async: how many versions the rollout may run ahead of the trainer (k; 0: synchronous). The
+    rlboost policies model k = 0 only so far."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Response lengths of every step (rlboost.sim.workload)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -169,6 +175,11 @@ class SimConfig:
             raise ValueError(f"{_PREFIX}.model={self.model!r}; valid: {', '.join(sorted(MODELS))}")
         if self.policy not in POLICIES:
             raise ValueError(f"{_PREFIX}.policy={self.policy!r}; valid: {', '.join(POLICIES)}")
+        if self.max_staleness < 0:
+            raise ValueError(f"{_PREFIX}.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.max_staleness and self.policy != "verl-async":
+            raise ValueError(f"{_PREFIX}.max_staleness={self.max_staleness}: only policy=verl-async models "
+                             f"staleness so far ({self.policy} is synchronous)")
         if not self.trace.path and self.segment not in SEGMENTS:
             raise ValueError(f"{_PREFIX}.segment={self.segment!r}; valid: {', '.join(SEGMENTS)}")
         if self.migration not in MIGRATIONS:
@@ -255,6 +266,8 @@ def simulate(cfg: SimConfig) -> SimResult:
         result = _colocated(cfg, cfg.reserved_nodes * (2 if cfg.policy == "verl2x" else 1))
     elif cfg.policy == "disagg":
         result = _disagg(cfg)
+    elif cfg.policy == "verl-async":
+        result = _verl_async(cfg)
     else:
         result = _hybrid(cfg)
     result.sim_s = time.perf_counter() - t0
@@ -387,47 +400,41 @@ def _disagg(cfg: SimConfig) -> SimResult:
     return _result(cfg, steps, run.meter, run.spot.held.timeline, run.spot.caps, 0, rollout, gpus - rollout)
 
 
-def table(model: str = "qwen3-8b", segments: str = "ABC", policies=POLICIES, **overrides) -> str:
-    """Markdown table: every policy on every segment, with throughput and cost efficiency relative
-    to verl on the same segment, and the mean over the segments."""
-    lines = ["| policy | segment | tokens/s | vs verl | tokens/$ | vs verl | steps | instances (mean) "
-             "| preemptions | T_seed last | sim s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
-    means: dict[str, list[tuple[float, float]]] = {}
-    for segment in segments:
-        base = None
-        for policy in ("verl",) + tuple(p for p in policies if p != "verl"):
-            r = simulate(SimConfig(model=model, policy=policy, segment=segment, **overrides))
-            base = base or r
-            rel = r.relative_to(base)
-            means.setdefault(policy, []).append((rel["throughput"], rel["cost_efficiency"]))
-            inst = (sum(s.instance_s for s in r.steps) / r.wall_s) if r.wall_s else 0.0
-            if policy in policies:
-                lines.append(f"| {policy} | {segment} | {r.throughput_tokens_per_s:,.0f} | {rel['throughput']:.2f}x "
-                             f"| {r.tokens_per_usd:,.0f} | {rel['cost_efficiency']:.2f}x | {len(r.steps)} "
-                             f"| {inst:.1f} | {r.preemptions} | {r.steps[-1].seed_s:.0f} | {r.sim_s:.1f} |")
-    lines.append("")
-    lines.append("| policy | throughput vs verl (mean of segments) | cost efficiency vs verl |")
-    lines.append("|---|---|---|")
-    for policy in policies:
-        vals = means[policy]
-        lines.append(f"| {policy} | {sum(v[0] for v in vals) / len(vals):.2f}x "
-                     f"| {sum(v[1] for v in vals) / len(vals):.2f}x |")
-    return "\n".join(lines)
+def _verl_async(cfg: SimConfig) -> SimResult:
+    """veRL's fully-async mode on the reserved node(s), at the split of cfg.rollout_gpus or, when 0, at
+    the split of the highest throughput over the whole run (the baseline at its best, not a strawman)."""
+    engine, train = _profiles(cfg)
+    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+    splits = disagg_splits(cfg)
+    if not splits:
+        raise ValueError(f"verl-async: {gpus} reserved GPUs cannot be split into rollout engines and trainers")
+    if cfg.rollout_gpus and cfg.rollout_gpus not in splits:
+        raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: {', '.join(map(str, splits))}")
+    sync_s = train.weight_sync_s(cfg.profile.reserved_gbps)
+
+    def run(rollout: int) -> tuple[list[StepRecord], CostMeter]:
+        meter = _meter(cfg, cfg.reserved_nodes)
+        steps = async_steps(engine, train, Workload(cfg.workload), meter, rollout_gpus=rollout,
+                            train_gpus=gpus - rollout, max_staleness=cfg.max_staleness, sync_s=sync_s,
+                            duration_s=cfg.duration_s)
+        return steps, meter
+
+    runs = {r: run(r) for r in ([cfg.rollout_gpus] if cfg.rollout_gpus else splits)}
+    rollout = max(runs, key=lambda r: sum(s.tokens_trained for s in runs[r][0]) / runs[r][0][-1].end_s)
+    steps, meter = runs[rollout]
+    return _result(cfg, steps, meter, [(0.0, 0)], [], 0, rollout, gpus - rollout)
 
 
-def main() -> None:
-    import sys
-
-    models = sys.argv[1:] or ["qwen3-8b"]
-    for model in models:
-        print(f"## {model}\n")
-        print(table(model))
-        print()
+ASYNC_STALENESS = (1, 2, 4)
+"""The staleness bounds `best_verl_async` tries (veRL's one-step-off is k = 1)."""
 
 
-__all__ = ["DISAGG_PILOT_STEPS", "MIGRATIONS", "POLICIES", "SimConfig", "SimResult", "StepRecord", "disagg_splits",
-           "simulate", "table"]
+def best_verl_async(cfg: SimConfig) -> SimResult:
+    """verl-async at its best: the max_staleness of ASYNC_STALENESS (and, within each, the split) of the
+    highest throughput; the result's config says which k won."""
+    runs = [simulate(replace(cfg, policy="verl-async", max_staleness=k)) for k in ASYNC_STALENESS]
+    return max(runs, key=lambda r: r.throughput_tokens_per_s)
 
 
-if __name__ == "__main__":
-    main()
+__all__ = ["ASYNC_STALENESS", "DISAGG_PILOT_STEPS", "MIGRATIONS", "POLICIES", "SimConfig", "SimResult", "StepRecord",
+           "best_verl_async", "disagg_splits", "simulate"]
