@@ -74,3 +74,17 @@ def test_only_verl_async_takes_a_staleness_bound():
         SimConfig(policy="rlboost", max_staleness=1).validate()
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         SimConfig(policy="verl-async", max_staleness=-1).validate()
+
+
+def test_rlboost_simulate_names_the_bound_and_split_of_verl_async(tmp_path, capsys):
+    from rlboost.cli import main
+
+    assert main(["simulate", "--models", "qwen3-8b", "--segments", "A", "--policies", "verl,verl-async,rlboost",
+                 "duration_s=1800", "--json", str(tmp_path / "out.json"), "--plots", str(tmp_path)]) == 0
+    import json
+
+    rows = json.loads((tmp_path / "out.json").read_text())["results"]
+    [async_row] = [r for r in rows if r["policy"] == "verl-async" and r["segment"] == "A"]
+    assert async_row["max_staleness"] in ASYNC_STALENESS and async_row["rollout_gpus"] in (2, 4, 6)
+    assert f"verl-async (k={async_row['max_staleness']}, {async_row['rollout_gpus']} rollout GPUs)" in \
+        capsys.readouterr().out

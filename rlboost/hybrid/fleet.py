@@ -119,7 +119,10 @@ class Fleet:
                 if kind == PREEMPTIBLE and (name in self.killed or self._stopping):
                     continue  # preempted while it booted
                 raise RuntimeError(f"rollout worker {name} ({kind}) failed to start: {first_line(e)}") from e
-            self.instances[name].booted(info.pid, info.node_id)
+            with self._lock:
+                instance = self.instances.get(name)
+            if instance is not None:  # None: the fleet shut down while it booted
+                instance.booted(info.pid, info.node_id)
             handle = WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version,
                                   info.fingerprint, info.checksum, launched=launched)
             if self.manager.add_worker(handle):

@@ -109,7 +109,10 @@ def render(result: dict) -> Table:
         if bundled and row["segment"] == "avg" and row["policy"] == "rlboost" and row["model"] in PAPER_RLBOOST:
             paper = "{:.2f}x / {:.2f}x".format(*PAPER_RLBOOST[row["model"]])
         style = "bold" if row["segment"] == "avg" else None
-        table.add_row(row["model"], row["segment"], row["policy"], f"{row['throughput_tokens_per_s']:,.0f}",
+        policy = row["policy"]
+        if policy == "verl-async":  # the baseline at its best: say which bound and split won
+            policy += f" (k={row['max_staleness']}, {row['rollout_gpus']} rollout GPUs)"
+        table.add_row(row["model"], row["segment"], policy, f"{row['throughput_tokens_per_s']:,.0f}",
                       f"{row['throughput_rel_verl']:.2f}x", f"{row['tokens_per_usd']:,.0f}",
                       f"{row['cost_efficiency_rel_verl']:.2f}x", f"{row['worst_step_rel_verl']:.2f}x",
                       f"{row['instances_mean']:.1f}",
