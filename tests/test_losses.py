@@ -159,3 +159,22 @@ def test_a_collapsing_effective_sample_size_is_one_console_line(caplog):
         run.watch_ess(3, ESS_COLLAPSE / 3)
     [line] = [r.getMessage() for r in caplog.records]
     assert line.startswith("step 2: the effective sample size of the behaviour weights collapsed to 0.15")
+
+
+def test_a_sharded_step_merges_the_behaviour_weights_of_every_rank():
+    """Each rank sums its own tokens' weights; the driver's merge gives the step's ESS over all of them
+    and the largest weight of any rank (`TrainStepStats.merged`)."""
+    from rlboost.trainer.stats import TrainStepStats
+
+    parts = []
+    for weights in ([1.0, 1.0], [4.0]):
+        stats = TrainStepStats()
+        stats.tokens = float(len(weights))
+        stats.behav_weight, stats.behav_weight_sq = sum(weights), sum(w * w for w in weights)
+        stats.behav_weight_max, stats.m2_masked = max(weights), 1.0
+        stats.grad_norms = [1.0]
+        parts.append(stats.totals())
+    metrics = TrainStepStats.merged(parts).metrics(lr=1e-3)
+    assert metrics["actor/ess"] == pytest.approx(ess(6.0, 18.0, 3.0)) and metrics["actor/behav_weight_max"] == 4.0
+    assert metrics["actor/behav_weight_mean"] == pytest.approx(2.0)
+    assert metrics["actor/m2po_masked_frac"] == pytest.approx(2.0 / 3.0)
