@@ -101,7 +101,8 @@ class WorkerProcess:
         """Nothing to end: its actor is killed by whoever started it, and the node is not its own."""
 
     def poll(self) -> int | None:
-        if self.pid is None:
+        """None while its process runs, or where this machine cannot see it (not booted, another node's)."""
+        if self.pid is None or not self.local:
             return None
         try:
             os.kill(self.pid, 0)
