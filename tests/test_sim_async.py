@@ -86,5 +86,8 @@ def test_rlboost_simulate_names_the_bound_and_split_of_verl_async(tmp_path, caps
     rows = json.loads((tmp_path / "out.json").read_text())["results"]
     [async_row] = [r for r in rows if r["policy"] == "verl-async" and r["segment"] == "A"]
     assert async_row["max_staleness"] in ASYNC_STALENESS and async_row["rollout_gpus"] in (2, 4, 6)
+    [rlboost] = [r for r in rows if r["policy"] == "rlboost" and r["segment"] == "avg"]  # the target's ratio
+    assert rlboost["throughput_rel_verl_async"] == pytest.approx(
+        rlboost["throughput_rel_verl"] / async_row["throughput_rel_verl"])
     assert f"verl-async (k={async_row['max_staleness']}, {async_row['rollout_gpus']} rollout GPUs)" in \
         capsys.readouterr().out

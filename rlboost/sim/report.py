@@ -65,18 +65,20 @@ def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC", policies=POL
                         fixed[key] = r
                 runs[(model, label, policy)] = r
                 if policy in policies:
-                    rows.append(_row(model, label, policy, r, runs[(model, label, "verl")]))
+                    rows.append(_row(model, label, policy, r, runs[(model, label, "verl")],
+                                     runs.get((model, label, "verl-async"))))
         for policy in policies:
             per = [row for row in rows if row["model"] == model and row["policy"] == policy]
             rows.append({"model": model, "segment": "avg", "policy": policy,
-                         **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED},
+                         **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED if k in per[0]},
                          "worst_step_rel_verl": min(row["worst_step_rel_verl"] for row in per),
                          "max_staleness": per[0]["max_staleness"], "rollout_gpus": per[0]["rollout_gpus"]})
     return {"config": asdict(base), "results": rows}, runs
 
 
 _AVERAGED = ("throughput_tokens_per_s", "cost_usd", "tokens_per_usd", "throughput_rel_verl",
-             "cost_efficiency_rel_verl", "instances_mean", "preemptions")
+             "cost_efficiency_rel_verl", "instances_mean", "preemptions", "throughput_rel_verl_async",
+             "cost_efficiency_rel_verl_async")
 
 
 def worst_step(r: SimResult, verl: SimResult) -> float:
@@ -87,15 +89,22 @@ def worst_step(r: SimResult, verl: SimResult) -> float:
     return min(ratios, default=1.0)
 
 
-def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult) -> dict:
+def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult,
+         verl_async: SimResult | None = None) -> dict:
+    """One run's row; with `verl_async` (when that baseline ran), its ratios to it too."""
     rel = r.relative_to(verl)
-    return {"model": model, "segment": segment, "policy": policy,
-            "throughput_tokens_per_s": r.throughput_tokens_per_s, "cost_usd": r.cost_usd,
-            "tokens_per_usd": r.tokens_per_usd, "throughput_rel_verl": rel["throughput"],
-            "cost_efficiency_rel_verl": rel["cost_efficiency"],
-            "instances_mean": r.instance_seconds / r.wall_s if r.wall_s else 0.0,
-            "preemptions": r.preemptions, "steps": len(r.steps), "worst_step_rel_verl": worst_step(r, verl),
-            "max_staleness": r.config.max_staleness, "rollout_gpus": r.rollout_gpus}
+    row = {"model": model, "segment": segment, "policy": policy,
+           "throughput_tokens_per_s": r.throughput_tokens_per_s, "cost_usd": r.cost_usd,
+           "tokens_per_usd": r.tokens_per_usd, "throughput_rel_verl": rel["throughput"],
+           "cost_efficiency_rel_verl": rel["cost_efficiency"],
+           "instances_mean": r.instance_seconds / r.wall_s if r.wall_s else 0.0,
+           "preemptions": r.preemptions, "steps": len(r.steps), "worst_step_rel_verl": worst_step(r, verl),
+           "max_staleness": r.config.max_staleness, "rollout_gpus": r.rollout_gpus}
+    if verl_async is not None:
+        versus = r.relative_to(verl_async)
+        row |= {"throughput_rel_verl_async": versus["throughput"],
+                "cost_efficiency_rel_verl_async": versus["cost_efficiency"]}
+    return row
 
 
 def render(result: dict) -> Table:
