@@ -178,3 +178,13 @@ def test_a_sharded_step_merges_the_behaviour_weights_of_every_rank():
     assert metrics["actor/ess"] == pytest.approx(ess(6.0, 18.0, 3.0)) and metrics["actor/behav_weight_max"] == 4.0
     assert metrics["actor/behav_weight_mean"] == pytest.approx(2.0)
     assert metrics["actor/m2po_masked_frac"] == pytest.approx(2.0 / 3.0)
+
+
+def test_the_loss_follows_a_config_changed_between_steps():
+    """A sharded trainer's driver changes config fields between steps (`TrainerGroup.reconfigure`): the
+    next step trains with the loss they name, as a fresh trainer would."""
+    groups = with_rollout_logprobs(make_groups(seed=36), mismatch_shifts(make_groups(seed=36), seed=5))
+    trainer = make_trainer()
+    trainer.config.tis_cap = 2.0
+    for g, e in zip(captured_grads(trainer, copy.deepcopy(groups)), tis_reference_grads(groups, cap=2.0)):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6)

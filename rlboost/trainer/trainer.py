@@ -115,9 +115,9 @@ class Trainer:
             if ref_model is None:
                 raise ValueError("trainer.kl_coef > 0 needs a reference model")
             self.ref_model = self.placement.place_reference(ref_model, self.device)
-        self.loss = make_loss(config.loss, config.clip_ratio_low, config.clip_ratio_high, config.tis_cap,
-                              config.behaviour_cap, config.m2_threshold)
-        """The policy loss per token (`trainer.loss`, `rlboost.trainer.losses`)."""
+        self.loss = self._make_loss()
+        """The policy loss per token (`trainer.loss`, `rlboost.trainer.losses`), made again at each step
+        from the config, whose fields a driver may change between steps (`TrainerGroup.reconfigure`)."""
         self.temperature = temperature
         self.max_response_length = max_response_length
         self.pad_token_id = pad_token_id
@@ -151,6 +151,7 @@ class Trainer:
 
     def begin_step(self) -> None:
         self.stats, self.denominator = TrainStepStats(), 0.0
+        self.loss = self._make_loss()
         self.optimizer.zero_grad(set_to_none=True)
 
     def micro_batch(self, groups: Sequence[Group]) -> None:
@@ -209,6 +210,11 @@ class Trainer:
         stats.entropy += entropy.sum().item()
         stats.advantages.extend(advantages.tolist())
         return denominator
+
+    def _make_loss(self):
+        cfg = self.config
+        return make_loss(cfg.loss, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.tis_cap, cfg.behaviour_cap,
+                         cfg.m2_threshold)
 
     def _logprobs(self, model, samples, batch: dict[str, torch.Tensor], with_entropy: bool = False):
         if self.share_prompt:
