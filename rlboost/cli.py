@@ -168,7 +168,7 @@ def _simulate(args: argparse.Namespace) -> int:
     try:
         base = load_config(SimConfig, args.config, args.overrides)
         base.validate()
-        policies = args.policies.split(",")
+        policies = args.policies.split(",") if args.policies else list(POLICIES)
         unknown = sorted(set(policies) - set(POLICIES))
         if unknown:
             raise ConfigError(f"--policies: unknown {', '.join(unknown)}; valid: {', '.join(POLICIES)}")
@@ -331,7 +331,7 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--segments", default="ABC", help="segments of the bundled trace, e.g. AB")
     sim.add_argument("--windows", default="", help="with trace.path=FILE.csv: windows of it in hours, e.g. "
                      "0-2,2-4 (default: one run over the whole file)")
-    sim.add_argument("--policies", default="verl,verl2x,disagg,rlboost,rlboost-noseed,rlboost-nomemory")
+    sim.add_argument("--policies", default="", help="comma-separated, with verl and rlboost (default: every policy)")
     sim.add_argument("--json", help="write the results to this JSON file")
     sim.add_argument("--plots", default="outputs/simulate", help="folder for the plots")
     sim.set_defaults(func=_simulate)
