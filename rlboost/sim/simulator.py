@@ -409,7 +409,8 @@ def _verl_async(cfg: SimConfig) -> SimResult:
     if not splits:
         raise ValueError(f"verl-async: {gpus} reserved GPUs cannot be split into rollout engines and trainers")
     if cfg.rollout_gpus and cfg.rollout_gpus not in splits:
-        raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: {', '.join(map(str, splits))}")
+        raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: "
+                         f"{', '.join(map(str, splits))}")
     sync_s = train.weight_sync_s(cfg.profile.reserved_gbps)
 
     def run(rollout: int) -> tuple[list[StepRecord], CostMeter]:
