@@ -188,9 +188,10 @@ def test_a_crashed_worker_s_node_lives_until_the_fleet_reaps_it(fleet):
     victim = sorted(fleet.killable(), key=lambda h: h.name)[0]
     node = fleet.instances[victim.name]
     billed = fleet.meter.live
+    worker = psutil.Process(victim.pid)  # before the kill: its PID may be another process's after
     fleet.preempt(victim, how="process")
     assert fleet.meter.live == billed - 1 and node.poll() is None
-    wait_for(lambda: not psutil.pid_exists(victim.pid), 30, "the crashed worker's process to die")
+    wait_for(lambda: not running(worker), 30, "the crashed worker's process to die")  # a zombie is dead
     out, run = run_step(fleet)
     check_invariants(out, run, state=fleet.served())
     assert not fleet.worker(victim.name).alive  # found dead (in the step, or by its stream before it)...

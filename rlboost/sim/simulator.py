@@ -378,23 +378,29 @@ def disagg_splits(cfg: SimConfig) -> list[int]:
     return [r for r in range(engine.tp, gpus, engine.tp)]
 
 
-def _disagg(cfg: SimConfig) -> SimResult:
-    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+def _split_choices(cfg: SimConfig) -> list[int]:
+    """The rollout GPU counts a split policy (disagg, verl-async) tries: cfg.rollout_gpus alone when set,
+    else every allowed split (`disagg_splits`); ValueError naming the field when none fits."""
     splits = disagg_splits(cfg)
     if not splits:
-        raise ValueError(f"disagg: {gpus} reserved GPUs cannot be split into rollout engines and trainers")
-    if cfg.rollout_gpus:
-        if cfg.rollout_gpus not in splits:
-            raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: "
-                             f"{', '.join(map(str, splits))}")
-        rollout = cfg.rollout_gpus
-    else:
-        def pilot(r: int) -> float:
-            _, steps = _cluster(cfg, rollout_gpus=r, train_gpus=gpus - r, colocated=False, spot=False,
-                                controller=None, seed_s=0.0, max_steps=DISAGG_PILOT_STEPS)
-            return sum(s.tokens_trained for s in steps) / steps[-1].end_s
+        raise ValueError(f"{cfg.policy}: {cfg.reserved_nodes * cfg.gpus_per_node} reserved GPUs cannot be split "
+                         "into rollout engines and trainers")
+    if cfg.rollout_gpus and cfg.rollout_gpus not in splits:
+        raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: "
+                         f"{', '.join(map(str, splits))}")
+    return [cfg.rollout_gpus] if cfg.rollout_gpus else splits
 
-        rollout = max(splits, key=pilot)
+
+def _disagg(cfg: SimConfig) -> SimResult:
+    gpus = cfg.reserved_nodes * cfg.gpus_per_node
+
+    def pilot(r: int) -> float:
+        _, steps = _cluster(cfg, rollout_gpus=r, train_gpus=gpus - r, colocated=False, spot=False,
+                            controller=None, seed_s=0.0, max_steps=DISAGG_PILOT_STEPS)
+        return sum(s.tokens_trained for s in steps) / steps[-1].end_s
+
+    choices = _split_choices(cfg)
+    rollout = choices[0] if len(choices) == 1 else max(choices, key=pilot)
     run, steps = _cluster(cfg, rollout_gpus=rollout, train_gpus=gpus - rollout, colocated=False, spot=False,
                           controller=None, seed_s=0.0)
     return _result(cfg, steps, run.meter, run.spot.held.timeline, run.spot.caps, 0, rollout, gpus - rollout)
@@ -405,12 +411,7 @@ def _verl_async(cfg: SimConfig) -> SimResult:
     the split of the highest throughput over the whole run (the baseline at its best, not a strawman)."""
     engine, train = _profiles(cfg)
     gpus = cfg.reserved_nodes * cfg.gpus_per_node
-    splits = disagg_splits(cfg)
-    if not splits:
-        raise ValueError(f"verl-async: {gpus} reserved GPUs cannot be split into rollout engines and trainers")
-    if cfg.rollout_gpus and cfg.rollout_gpus not in splits:
-        raise ValueError(f"{_PREFIX}.rollout_gpus={cfg.rollout_gpus}; valid for {cfg.model}: "
-                         f"{', '.join(map(str, splits))}")
+    choices = _split_choices(cfg)
     sync_s = train.weight_sync_s(cfg.profile.reserved_gbps)
 
     def run(rollout: int) -> tuple[list[StepRecord], CostMeter]:
@@ -420,7 +421,7 @@ def _verl_async(cfg: SimConfig) -> SimResult:
                             duration_s=cfg.duration_s)
         return steps, meter
 
-    runs = {r: run(r) for r in ([cfg.rollout_gpus] if cfg.rollout_gpus else splits)}
+    runs = {r: run(r) for r in choices}
     rollout = max(runs, key=lambda r: sum(s.tokens_trained for s in runs[r][0]) / runs[r][0][-1].end_s)
     steps, meter = runs[rollout]
     return _result(cfg, steps, meter, [(0.0, 0)], [], 0, rollout, gpus - rollout)

@@ -115,9 +115,6 @@ class Trainer:
             if ref_model is None:
                 raise ValueError("trainer.kl_coef > 0 needs a reference model")
             self.ref_model = self.placement.place_reference(ref_model, self.device)
-        self.loss = self._make_loss()
-        """The policy loss per token (`trainer.loss`, `rlboost.trainer.losses`), made again at each step
-        from the config, whose fields a driver may change between steps (`TrainerGroup.reconfigure`)."""
         self.temperature = temperature
         self.max_response_length = max_response_length
         self.pad_token_id = pad_token_id
@@ -151,7 +148,6 @@ class Trainer:
 
     def begin_step(self) -> None:
         self.stats, self.denominator = TrainStepStats(), 0.0
-        self.loss = self._make_loss()
         self.optimizer.zero_grad(set_to_none=True)
 
     def micro_batch(self, groups: Sequence[Group]) -> None:
@@ -211,7 +207,10 @@ class Trainer:
         stats.advantages.extend(advantages.tolist())
         return denominator
 
-    def _make_loss(self):
+    @property
+    def loss(self):
+        """The policy loss per token (`trainer.loss`, `rlboost.trainer.losses`), read from the config at
+        each use: a driver may change its fields between steps (`TrainerGroup.reconfigure`)."""
         cfg = self.config
         return make_loss(cfg.loss, cfg.clip_ratio_low, cfg.clip_ratio_high, cfg.tis_cap, cfg.behaviour_cap,
                          cfg.m2_threshold)
