@@ -40,6 +40,8 @@ class FakeRequest:
 class FakeWorker:
     name: str
     requests: dict[str, FakeRequest] = field(default_factory=dict)
+    version: int | None = None
+    """The weights it generates with (None: the script's version)."""
 
 
 class Script:
@@ -65,14 +67,23 @@ class Script:
     # ---- workers ------------------------------------------------------------------------------------
 
     def join(self, name: str, kind: str = PREEMPTIBLE, max_running: int = 4, serving: bool = True,
-             pulling_since: float | None = None) -> None:
-        self.workers[name] = FakeWorker(name)
+             pulling_since: float | None = None, version: int | None = None) -> None:
+        self.workers[name] = FakeWorker(name, version=version)
         self.state.join(name, kind, max_running, state=WorkerState.SERVING if serving else WorkerState.PULLING,
-                        pulling_since=pulling_since)
+                        pulling_since=pulling_since, version=version)
 
     def reserved(self, *names: str, max_running: int = 4) -> None:
         for name in names:
             self.join(name, RESERVED, max_running)
+
+    def ready(self, name: str, version: int, t: float | None = None) -> None:
+        """`name` holds `version` fetched and verified: an idle worker swaps it in now, a busy one when
+        the refresh's abort takes its requests back (`answer`)."""
+        if t is not None:
+            self.now = t
+        if not self.state.holding(name):
+            self.workers[name].version = version
+        self.state.ready(name, self.now, version=version)
 
     def progress(self, name: str) -> dict[str, int]:
         w = self.workers.get(name)
@@ -127,8 +138,10 @@ class Script:
         start = r.held + r.streamed
         tokens = expected_tokens(r.uid, self.lengths[r.uid])[start:start + n]
         logprobs = expected_logprobs(r.uid, self.lengths[r.uid])[start:start + n]
-        self.state.chunk(name, r.request_id, r.streamed, n, self.version if version is None else version, finished,
-                         self.now, "stop" if finished else None, tokens, logprobs)
+        held = self.workers[name].version
+        version = version if version is not None else held if held is not None else self.version
+        self.state.chunk(name, r.request_id, r.streamed, n, version, finished, self.now, "stop" if finished else None,
+                         tokens, logprobs)
         r.streamed += n
 
     def answer(self, abort: Abort | None = None) -> None:
@@ -143,8 +156,10 @@ class Script:
                 continue  # finished meanwhile
             full = expected_tokens(r.uid, self.lengths[r.uid])
             full_lp = expected_logprobs(r.uid, self.lengths[r.uid])
-            partials[rid] = Partial(r.generated, self.version, full[r.held:r.held + r.generated],
-                                    full_lp[r.held:r.held + r.generated])
+            partials[rid] = Partial(r.generated, self.version if w.version is None else w.version,
+                                    full[r.held:r.held + r.generated], full_lp[r.held:r.held + r.generated])
+        if abort.then_load is not None:  # a refresh: the new weights swap in once its requests are back
+            w.version = abort.then_load
         self.state.aborted(abort.id, partials, self.now)
 
     def answer_all(self) -> None:

@@ -6,7 +6,8 @@ Contract: the `StepState` (rlboost.rollout.step_state) decides where samples go;
 it. A sample is pending (in `pending`, in dispatch order), running one attempt (`start`: its request id
 is `uid#attempt`, and anything about an older attempt is stale), or finished once (`finish`). Tokens
 come in through `accept`, after `check_chunk` (a streamed chunk) or `check_partial` (an abort's exact
-partial output) has refused tokens of another weight version (on-policy), a gap or a repeat (exactly
+partial output) has refused tokens of a weight version outside the step's window (on-policy, or at
+most `max_staleness` versions behind its newest: bounded staleness), a gap or a repeat (exactly
 once) and a partial output that does not extend what was streamed (exact continuation). In the runtime
 a sample's `Sample` stores the tokens; the simulator's ledger keeps counts only. Pure, like the step.
 """
@@ -21,9 +22,11 @@ from rlboost.rollout.step_data import Partial, Request, SampleState, StepError, 
 
 class SampleLedger:
     def __init__(self, samples: Iterable[tuple[str, int, object | None]], version: int,
-                 order: Sequence[str] | None = None):
-        """`samples`: (uid, group index, token store or None); `order`: every uid once, in dispatch order."""
+                 order: Sequence[str] | None = None, max_staleness: int = 0):
+        """`samples`: (uid, group index, token store or None); `order`: every uid once, in dispatch order.
+        Tokens are admitted from versions `version - max_staleness` to `version` (`advance` moves it)."""
         self.version = version
+        self.max_staleness = max_staleness
         self.tracked: dict[str, Tracked] = {}
         self.remaining: dict[int, int] = {}
         """Group index -> its samples not finished yet."""
@@ -85,6 +88,8 @@ class SampleLedger:
                logprobs: Sequence[float] | None) -> None:
         """`count` checked tokens join the sample (the runtime's with their ids and log-probs)."""
         track.tokens += count
+        if count:
+            track.oldest_version = version if track.oldest_version is None else min(track.oldest_version, version)
         sample = track.sample
         if sample is not None:
             if token_ids is None or logprobs is None or len(token_ids) != count or len(logprobs) != count:
@@ -110,7 +115,7 @@ class SampleLedger:
         track.state, track.worker = SampleState.PENDING, None
         track.migrations += 1
         if forget_tokens:
-            track.tokens = 0
+            track.tokens, track.oldest_version = 0, None
             if track.sample is not None:
                 del track.sample.response_ids[:], track.sample.logprobs[:], track.sample.versions[:]
         self.pending.appendleft(track.uid)
@@ -128,10 +133,30 @@ class SampleLedger:
             self.requeue(track, forget_tokens)
         return wasted, forgotten
 
+    @property
+    def oldest_admitted(self) -> int:
+        """The oldest weight version whose tokens the step takes now."""
+        return self.version - self.max_staleness
+
+    def admits(self, version: int | None) -> bool:
+        return version is not None and self.oldest_admitted <= version <= self.version
+
+    def advance(self, version: int) -> None:
+        """The step's newest version is now `version` (the trainer published it). A token the samples
+        already hold may not fall out of the window: the trainer would train on it past the bound."""
+        if version < self.version:
+            raise StepError(f"the step's weight version cannot go back from {self.version} to {version}")
+        self.version = version
+        for track in self.tracked.values():
+            if track.oldest_version is not None and track.oldest_version < self.oldest_admitted:
+                raise StepError(f"sample {track.uid} holds tokens of weight version {track.oldest_version}, more "
+                                f"than max_staleness={self.max_staleness} behind version {version}")
+
     def _check_version(self, track: Tracked, version: int) -> None:
-        if version != self.version:
-            raise StepError(f"sample {track.uid}: tokens of weight version {version} in a step at version "
-                            f"{self.version}")
+        if not self.admits(version):
+            window = (f"version {self.version}" if not self.max_staleness
+                      else f"versions {self.oldest_admitted}..{self.version}")
+            raise StepError(f"sample {track.uid}: tokens of weight version {version} in a step at {window}")
 
 
 __all__ = ["SampleLedger"]

@@ -41,9 +41,9 @@ class WorkerState(enum.Enum):
     JOINING = "joining"
     """Admitted, pulling its first weights: it has served nothing yet (to a step, a PULLING worker)."""
     PULLING = "pulling"
-    """Not at the step's weight version yet."""
+    """Not at a version the step admits yet (the step's, or within its max_staleness)."""
     SERVING = "serving"
-    """Holds the step's version."""
+    """Holds a version the step admits (`Worker.version`)."""
     NOTICED = "noticed"
     """A preemption notice came: no more work; what it holds is taken back before the kill."""
     RETIRING = "retiring"
@@ -84,6 +84,9 @@ class StepConfig:
     notice_margin_s: float = 2.0
     """What a noticed instance still holds this long before its kill is taken back then (an abort and
     its answer must land before the kill); a sample stays only if expected to finish before that."""
+    max_staleness: int = 0
+    """k: a sample is started or continued only on weights at most k versions behind the step's newest
+    (`StepState.advance`); 0: every token comes from the step's one version (the synchronous step)."""
 
     def validate(self) -> None:
         if self.migration not in MIGRATIONS:
@@ -94,6 +97,8 @@ class StepConfig:
             raise ValueError(f"handoff_check_s must be a finite number > 0, got {self.handoff_check_s}")
         if not (self.notice_margin_s >= 0 and math.isfinite(self.notice_margin_s)):
             raise ValueError(f"notice_margin_s must be a finite number >= 0, got {self.notice_margin_s}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
 
 
 # ---- commands ---------------------------------------------------------------------------------------
@@ -123,6 +128,10 @@ class Abort:
     reason: str
     then_sleep: bool = False
     """The seeding hand-off: the reserved worker frees its memory for training once idle."""
+    then_load: int | None = None
+    """A refresh (`StepState.ready` of a newer version on a busy worker): once the requests are taken
+    back, the worker swaps in this version, which it holds fetched and verified, before the answer;
+    the samples then continue on it with the new weights (each token keeps the version that made it)."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,10 @@ class Worker:
     """Reserved workers: False from the seeding hand-off until a fallback."""
     pull_since: float | None = None
     """When it started pulling the step's version (PULLING workers; None: not pulling it)."""
+    version: int | None = None
+    """The weight version it serves (SERVING workers: within the step's window, `StepState.admits`)."""
+    swapping: int | None = None
+    """A refresh to this version is under way (its samples are being taken back): it takes no work."""
     retired: bool = False
     """A RETIRING worker was found empty and `Retire` issued."""
     assigned: set[str] = field(default_factory=set)
@@ -246,6 +259,8 @@ class Tracked:
     """Response tokens it holds."""
     migrations: int = 0
     finish_reason: str | None = None
+    oldest_version: int | None = None
+    """The oldest weight version among the tokens it holds (None: it holds none)."""
 
 
 @dataclass
@@ -257,6 +272,8 @@ class PendingAbort:
     target: str | None
     """Where the samples taken back go (a rebalance); None: back to the dispatcher."""
     sent: float
+    load: int | None = None
+    """A refresh: the version the worker serves once this abort is answered."""
 
 
 @dataclass
@@ -270,7 +287,9 @@ class StepStats:
     """Preemptible workers that died (not given back)."""
     in_flight_at_preemption: int = 0
     migrated: Counter = field(default_factory=Counter)
-    """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released."""
+    """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released, refreshed (their
+    worker swapped in a newer version: they continue there on it), fenced (their worker fell more than
+    max_staleness versions behind)."""
     wasted_tokens: int = 0
     """Generated on workers that died and never received."""
     recomputed_tokens: int = 0

@@ -30,6 +30,8 @@ class StepPlacement:
         eligible = self.eligible()
         if eligible or not self.pending:
             return eligible
+        if any(w.swapping is not None and w.alive for w in self.workers.values()):
+            return []  # a worker swapping in a newer version serves again once its abort is answered
         reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.alive and not w.status.draining]
         if not any(w.status is WorkerState.SERVING for w in reserved):
             if self._reserved_coming or reserved:

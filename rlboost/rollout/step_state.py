@@ -11,7 +11,9 @@ Contract:
   simulator); nothing inside reads a clock, starts a thread or touches Ray or torch:
   `join` / `pulling` / `ready` / `notice` / `retire` / `dead` / `replacing` for workers, `chunk` for
   streamed tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
-  throughput observation, `end_window` for a seeding window ended by an event rather than its time.
+  throughput observation, `end_window` for a seeding window ended by an event rather than its time;
+  with `StepConfig.max_staleness` k > 0, `advance` for a version the trainer published while the step
+  runs and `seed` for the window of a step started ahead of its trainer (`rlboost.rollout.step_seeding`).
 - Commands out: `decide(now)` runs the step's decisions (end of the seeding window, capacity,
   dispatch, balancing) and returns every command issued since the last call, in order: `Submit`,
   `Abort`, `Retire`, `ReleaseReserved`, `GroupDone`. A shell executes them in order. An abort's answer
@@ -23,8 +25,8 @@ Contract:
 
 Invariants enforced here (docs/hybrid.md, "Invariants and the tests that check them"), each raising
 `StepError` when input breaks it:
-1-3. on-policy, exactly once, exact continuation: every token that comes in passes the checks of the
-   step's `SampleLedger` (rlboost.rollout.sample_ledger), which records where each sample stands;
+1-3. on-policy (or at most k versions stale), exactly once, exact continuation: every token that comes
+   in passes the checks of the step's `SampleLedger` (rlboost.rollout.sample_ledger);
 4. waste: what a dead worker generated beyond what it streamed is counted (`StepStats.wasted_tokens`);
 6. fencing: a worker declared dead never contributes again (its chunks are counted and dropped);
 7. liveness: with samples left, no worker able to take them and no reserved replacement on its way,
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from rlboost.policies.balance import Balancer
 from rlboost.policies.dispatch import JSQDispatcher
-from rlboost.policies.handoff import StepOutlook, workers_should_hand_off
+from rlboost.policies.handoff import StepOutlook
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort, Command, GroupDone, Partial,
                                        PendingAbort, ReleaseReserved, Request, Retire, SampleState, StepConfig,
@@ -47,11 +49,12 @@ from rlboost.rollout.step_data import (MIGRATIONS, PREEMPTIBLE, RESERVED, Abort,
 from rlboost.rollout.sample_ledger import SampleLedger
 from rlboost.rollout.step_gates import DecisionGates
 from rlboost.rollout.step_placement import StepPlacement
+from rlboost.rollout.step_seeding import StepSeeding
 
 
-class StepState(StepPlacement):
-    """See the module docstring; the placement decisions (dispatch, the colocated fallback, rebalancing)
-    are `StepPlacement`'s."""
+class StepState(StepSeeding, StepPlacement):
+    """See the module docstring; the seeding window and its hand-off are `StepSeeding`'s, the placement
+    decisions (dispatch, the colocated fallback, rebalancing) `StepPlacement`'s."""
 
     def __init__(self, samples: Iterable[tuple[str, int, object | None]], *, version: int,
                  seed_window_s: float | None, now: float, dispatcher: JSQDispatcher, balancer: Balancer,
@@ -71,18 +74,18 @@ class StepState(StepPlacement):
         prompt's history expects (HistoPipe's; None: no history), for what a notice may leave running."""
         self.config = config or StepConfig()
         self.config.validate()
-        self.version = version
         self.dispatcher, self.balancer = dispatcher, balancer
         self.overruns, self.progress, self.expected = overruns, progress, expected
-        self.ledger = SampleLedger(samples, version, order)
+        self.ledger = SampleLedger(samples, version, order, self.config.max_staleness)
         self.tracked: dict[str, Tracked] = self.ledger.tracked
         self.workers: dict[str, Worker] = {}
         self.stats = StepStats()
         self.t0 = self.now = now
         self.seeding = seed_window_s is not None
-        self.deadline = now + (seed_window_s or 0.0)
+        self._seed_from = now
+        """When the seeding window opened (the step's start, or its trainer's with `seed`)."""
         self.outlook = outlook
-        self._handoff_check_at = self.deadline
+        self._handoff_check_at = now + (seed_window_s or 0.0)
         """When the hand-off is weighed next (the window's end, then every handoff_check_s)."""
         self.longest_pull_s = longest_pull_s
         self.done = not self.tracked
@@ -99,10 +102,12 @@ class StepState(StepPlacement):
     # ---- events: workers -----------------------------------------------------------------------------
 
     def join(self, name: str, kind: str, max_running: int, profile: ThroughputProfile | None = None, *,
-             state: WorkerState = WorkerState.SERVING, pulling_since: float | None = None) -> None:
+             state: WorkerState = WorkerState.SERVING, pulling_since: float | None = None,
+             version: int | None = None) -> None:
         """A worker takes part: at the step's start, or joining mid-step, in `state`: SERVING (it holds
-        the step's version), JOINING or PULLING (it may be owed a share while `pulling_since` is
-        recent), NOTICED or RETIRING (it gets no work; a retiring one is given back at once)."""
+        `version`, by default the step's; with max_staleness k any of the k before it), JOINING or
+        PULLING (it may be owed a share while `pulling_since` is recent), NOTICED or RETIRING (it gets
+        no work; a retiring one is given back at once)."""
         if name in self.workers:
             raise ValueError(f"worker {name!r} joined the step twice")
         if kind not in (RESERVED, PREEMPTIBLE):
@@ -110,8 +115,13 @@ class StepState(StepPlacement):
         if not state.alive:
             raise ValueError(f"worker {name!r} cannot join the step dead")
         state = WorkerState.PULLING if state is WorkerState.JOINING else state
+        version = self.version if version is None and state is WorkerState.SERVING else version
+        if state is WorkerState.SERVING and not self.ledger.admits(version):
+            raise ValueError(f"worker {name!r} cannot serve a step at version {self.version} with version {version} "
+                             f"(max_staleness={self.config.max_staleness})")
         self.workers[name] = w = Worker(name, kind, max_running, profile or ThroughputProfile(), state,
-                                        pull_since=pulling_since if state is WorkerState.PULLING else None)
+                                        pull_since=pulling_since if state is WorkerState.PULLING else None,
+                                        version=version)
         w.accepting = not (kind == RESERVED and self._handed_off)  # a late replacement: the trainer's turn
         self._changed(members=True)
         self._retire_if_empty(w)
@@ -124,16 +134,40 @@ class StepState(StepPlacement):
             w.pull_since = since
             self._changed(members=True)  # who is owed a share
 
-    def ready(self, name: str, now: float, pull_s: float | None = None) -> None:
-        """The worker now holds the step's version (`pull_s`: how long its pull took)."""
+    def ready(self, name: str, now: float, pull_s: float | None = None, version: int | None = None) -> None:
+        """The worker now holds `version`, by default the step's (`pull_s`: how long its pull took). A
+        worker serving an older version (max_staleness k > 0) swaps it in between tokens: what it holds
+        is taken back (`Abort.then_load`) and continues on it with the new weights."""
         self.now = now
         if pull_s is not None:
             self.longest_pull_s = max(self.longest_pull_s, pull_s)
         w = self.workers[name]
-        if w.status is WorkerState.PULLING:
-            w.status, w.pull_since = WorkerState.SERVING, None
+        version = self.version if version is None else version
+        if w.status is WorkerState.PULLING and self.ledger.admits(version):
+            w.status, w.pull_since, w.version = WorkerState.SERVING, None, version
             self._changed(members=True)
             self._sleep_if_late(w)
+        elif w.status is WorkerState.SERVING and version > w.version and w.swapping is None:
+            if not w.assigned:
+                w.version = version
+                return
+            w.swapping = version
+            self._changed(members=True)
+            self._take_back(w, sorted(w.assigned), "refreshed", target=w.name, load=version)
+
+    def advance(self, version: int, now: float) -> None:
+        """The trainer published `version`: the step's newest from now on. A worker left more than
+        max_staleness versions behind is fenced from the step until it pulls a newer one (back to
+        PULLING); what it holds is taken back. With max_staleness 0 a step has one version: no shell
+        advances it."""
+        self.now = now
+        self.ledger.advance(version)
+        for w in self.workers.values():
+            if w.status is WorkerState.SERVING and not self.ledger.admits(w.version):
+                w.status, w.pull_since = WorkerState.PULLING, None
+                self._changed(members=True)
+                if w.assigned:
+                    self._take_back(w, sorted(w.assigned), "fenced")
 
     def replacing(self, count: int, failed: str | None = None) -> None:
         """`count` replacements of dead reserved workers boot (each `join`s when admitted): with none
@@ -199,12 +233,6 @@ class StepState(StepPlacement):
             del self._aborts[aid]  # its samples are back already; the answer no longer matters
             self._handoffs.discard(aid)
 
-    def end_window(self, now: float) -> None:
-        """The seeding window ends at `now`, before its deadline: the hand-off placed at an event of the
-        step instead of a time (`StepRun.end_seed_window`); the next `decide` weighs it as at the end."""
-        if self.seeding:
-            self._handoff_check_at = min(self._handoff_check_at, now)
-
     def observe(self, name: str, batch_size: int, tokens_per_s: float) -> None:
         """A decode throughput observation of the worker (its plateau B is the balancer's input)."""
         w = self.workers.get(name)
@@ -245,6 +273,9 @@ class StepState(StepPlacement):
         self._handoffs.discard(abort_id)
         self._changed()  # even with nothing moved: the balancer may now ask for the same moves again
         w = self.workers[pa.worker]
+        if pa.load is not None:  # a refresh: the worker swapped the new version in before answering
+            w.version, w.swapping = pa.load, None
+            self._changed(members=True)
         moved = []
         for request_id, uid in pa.requests.items():  # in the order taken back, whatever the answer's order
             partial = partials.get(request_id)
@@ -334,38 +365,18 @@ class StepState(StepPlacement):
 
     # ---- internals -----------------------------------------------------------------------------------
 
+    @property
+    def version(self) -> int:
+        """The step's newest weight version (`advance` moves it)."""
+        return self.ledger.version
+
+    def admits(self, version: int | None) -> bool:
+        """Whether tokens of `version` may join the step now (within max_staleness of its newest)."""
+        return self.ledger.admits(version)
+
     @staticmethod
     def _eligible(w: Worker) -> bool:
-        return w.status is WorkerState.SERVING and w.accepting
-
-    def _end_seeding(self) -> None:
-        """The window is over: the reserved workers hand what they hold to the instances and free their
-        memory for training. With no instance serving the step, or none that would end it sooner,
-        they keep going (checked again later)."""
-        if not any(w.kind == PREEMPTIBLE and self._eligible(w) for w in self.workers.values()):
-            return
-        if self.outlook is not None and not self._handoff_pays():
-            self.stats.handoff_deferred = True
-            self._handoff_check_at = self.now + self.config.handoff_check_s
-            return
-        for w in self.workers.values():
-            if w.kind == RESERVED and w.alive:
-                w.accepting = False
-                self._handoffs.add(self._take_back(w, sorted(w.assigned), "seed_handoff", then_sleep=True))
-        self._changed(members=True)
-        self.seeding, self._handed_off = False, True
-        self.stats.seed_s = self.now - self.t0
-
-    def _handoff_pays(self) -> bool:
-        """Whether the instances serving the step would end it sooner than staying colocated
-        (`rlboost.policies.handoff.workers_should_hand_off`): the rest is the step's expected tokens
-        less those generated, received or not."""
-        reserved = sum(1 for w in self.workers.values() if w.kind == RESERVED and w.status is WorkerState.SERVING)
-        instances = sum(1 for w in self.eligible() if w.kind == PREEMPTIBLE)
-        held = sum(track.tokens for track in self.tracked.values() if track.worker is None)
-        held += sum(sum(self._tokens_so_far(w).values()) for w in self.workers.values() if w.assigned)
-        rest = len(self.tracked) * self.outlook.tokens_per_sample - held
-        return workers_should_hand_off(rest, reserved, instances, self.outlook)
+        return w.status is WorkerState.SERVING and w.accepting and w.swapping is None
 
     def _release_if_free(self) -> None:
         if not self._released and not self.seeding and not self._handoffs:
@@ -383,11 +394,11 @@ class StepState(StepPlacement):
         self._commands.append(Submit(w.name, requests))
 
     def _take_back(self, w: Worker, uids: list[str], reason: str, then_sleep: bool = False,
-                   target: str | None = None) -> int:
+                   target: str | None = None, load: int | None = None) -> int:
         aid = next(self._abort_ids)
         requests = {self.tracked[uid].request_id: uid for uid in uids}
-        self._aborts[aid] = PendingAbort(w.name, requests, reason, target, self.now)
-        self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep))
+        self._aborts[aid] = PendingAbort(w.name, requests, reason, target, self.now, load)
+        self._commands.append(Abort(aid, w.name, list(requests), reason, then_sleep, load))
         return aid
 
     def _sleep_if_late(self, w: Worker) -> None:  # a reserved worker serving after the hand-off frees its memory
@@ -424,6 +435,8 @@ class StepState(StepPlacement):
         self.done = True
         # without a hand-off the reserved workers generated it all
         self.stats.close(self.workers.values(), self.now - self.t0, seeded_all=self.seeding, now=self.now)
+        if self.seeding:
+            self.stats.seed_s = self.now - self._seed_from
         self.seeding = False
 
 
