@@ -1,7 +1,8 @@
 """The `rlboost` command: the one entry point.
 
     rlboost train [CONFIG.yaml] [key=value ...]
-    rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--json PATH] [--plots DIR]
+    rlboost simulate [CONFIG.yaml] [key=value ...] [--models M,..] [--segments ABC] [--staleness 1,2,4]
+                     [--json PATH] [--plots DIR]
     rlboost generate [CONFIG.yaml] [key=value ...] --prompt TEXT [--prompt TEXT ...]
     rlboost bench NAME [--json PATH] [--<field> VALUE ...]   (NAME: see `rlboost bench --help`)
     rlboost report RUN_DIR
@@ -175,6 +176,7 @@ def _simulate(args: argparse.Namespace) -> int:
         if "verl" not in policies or "rlboost" not in policies:
             raise ConfigError("--policies must include verl (the reference) and rlboost")
         runs = windows(base, args.segments, args.windows)
+        staleness = _bounds(args.staleness)
     except (ConfigError, ValueError) as e:
         console.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
         return 2
@@ -183,7 +185,7 @@ def _simulate(args: argparse.Namespace) -> int:
                             "instances (the paper's sampling of the bundled trace); trace.sample=1 keeps them all")
     with console.status(f"simulating {len(args.models.split(','))} models x {len(runs)} trace windows x "
                         f"{len(policies)} policies..."):
-        result, runs = evaluate(base, args.models.split(","), args.segments, policies, args.windows)
+        result, runs = evaluate(base, args.models.split(","), args.segments, policies, args.windows, staleness)
     print_output(console, render(result))
     if args.json:
         path = Path(args.json)
@@ -193,6 +195,19 @@ def _simulate(args: argparse.Namespace) -> int:
     for path in plot(result, runs, Path(args.plots)):
         print_line(console, f"wrote {path}")
     return 0
+
+
+def _bounds(text: str) -> tuple[int, ...]:
+    """`--staleness 1,2,4`: the bounds rlboost also runs at ("" or "0": none beside its own)."""
+    from rlboost.config import ConfigError
+
+    try:
+        bounds = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--staleness: {text!r} is not a list of whole numbers like 1,2,4") from None
+    if any(k < 0 for k in bounds):
+        raise ConfigError(f"--staleness: {text!r}: a bound is a number of versions, >= 0")
+    return tuple(k for k in bounds if k)
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -332,6 +347,8 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--windows", default="", help="with trace.path=FILE.csv: windows of it in hours, e.g. "
                      "0-2,2-4 (default: one run over the whole file)")
     sim.add_argument("--policies", default="", help="comma-separated, with verl and rlboost (default: every policy)")
+    sim.add_argument("--staleness", default="1,2,4", help="bounds (max_staleness) rlboost also runs at, each a "
+                     "row of its own; 0 or '': none (default 1,2,4)")
     sim.add_argument("--json", help="write the results to this JSON file")
     sim.add_argument("--plots", default="outputs/simulate", help="folder for the plots")
     sim.set_defaults(func=_simulate)

@@ -48,14 +48,14 @@ class Script:
     def __init__(self, lengths: dict[str, int], groups: dict[str, int], *, interval: int = 4,
                  seed_window_s: float | None = 1.0, max_pending: int = 2, order: list[str] | None = None,
                  config: StepConfig | None = None, overruns=None, longest_pull_s: float = 0.0, version: int = 0,
-                 balancer: Balancer | None = None, outlook=None, expected=None):
+                 balancer: Balancer | None = None, outlook=None, expected=None, ahead: bool = False):
         self.lengths, self.interval, self.version = lengths, interval, version
         self.samples = {uid: Sample(uid=uid, prompt_ids=[1, 2, 3]) for uid in lengths}
         self.state = StepState([(uid, groups[uid], self.samples[uid]) for uid in lengths], version=version,
                                seed_window_s=seed_window_s, now=0.0, dispatcher=JSQDispatcher(max_pending),
                                balancer=balancer or Balancer(), config=config, order=order, overruns=overruns,
                                progress=self.progress, longest_pull_s=longest_pull_s, outlook=outlook,
-                               expected=expected)
+                               expected=expected, ahead=ahead)
         self.workers: dict[str, FakeWorker] = {}
         self.aborts: list[Abort] = []
         self.groups_done: list[int] = []

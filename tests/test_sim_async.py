@@ -69,9 +69,11 @@ def test_the_baseline_runs_at_its_best_bound_and_split():
     assert best.config.max_staleness in ASYNC_STALENESS and best.rollout_gpus + best.train_gpus == 8
 
 
-def test_only_verl_async_takes_a_staleness_bound():
-    with pytest.raises(ValueError, match="only policy=verl-async models staleness"):
-        SimConfig(policy="rlboost", max_staleness=1).validate()
+@pytest.mark.parametrize("policy", ["verl", "verl2x", "disagg"])
+def test_the_synchronous_policies_take_no_staleness_bound(policy):
+    with pytest.raises(ValueError, match=f"policy {policy} is synchronous"):
+        SimConfig(policy=policy, max_staleness=1).validate()
+    SimConfig(policy="rlboost", max_staleness=1).validate()
     with pytest.raises(ValueError, match="max_staleness must be >= 0"):
         SimConfig(policy="verl-async", max_staleness=-1).validate()
 
@@ -80,7 +82,8 @@ def test_rlboost_simulate_names_the_bound_and_split_of_verl_async(tmp_path, caps
     from rlboost.cli import main
 
     assert main(["simulate", "--models", "qwen3-8b", "--segments", "A", "--policies", "verl,verl-async,rlboost",
-                 "duration_s=1800", "--json", str(tmp_path / "out.json"), "--plots", str(tmp_path)]) == 0
+                 "--staleness", "0", "duration_s=1800", "--json", str(tmp_path / "out.json"),
+                 "--plots", str(tmp_path)]) == 0
     import json
 
     rows = json.loads((tmp_path / "out.json").read_text())["results"]

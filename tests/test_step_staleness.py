@@ -116,11 +116,11 @@ def test_a_publish_that_would_leave_held_tokens_past_the_bound_is_refused():
 
 
 def test_a_step_started_ahead_of_its_trainer_seeds_when_the_trainer_comes():
-    s = step(n_groups=2, n=4, length=40, version=4, seed_window_s=None, config=stale(1))
+    s = step(n_groups=2, n=4, length=40, version=4, seed_window_s=None, config=stale(1), ahead=True)
+    assert not s.decide(0.0)  # no worker yet: an ahead step waits for one (the reserved GPUs train)
     s.join("p0", max_running=2, version=4)  # with max_pending 2 it holds 4 of the 8
-    first = s.decide(0.0)
-    assert any(isinstance(c, ReleaseReserved) for c in first)  # ahead: the reserved GPUs are the trainer's
-    s.released_at = None
+    first = s.decide(0.1)
+    assert not any(isinstance(c, ReleaseReserved) for c in first)  # the reserved GPUs are the trainer's already
     s.generate("p0", 4)
     s.state.advance(5, 2.0)  # the trainer published 5 and starts on this step
     s.state.seed(2.0, 1.0)
@@ -138,13 +138,12 @@ def test_a_step_started_ahead_of_its_trainer_seeds_when_the_trainer_comes():
 
 
 def test_a_step_done_before_its_trainer_comes_is_not_seeded():
-    s = step(n_groups=1, n=2, length=5, version=4, seed_window_s=None, config=stale(1))
+    s = step(n_groups=1, n=2, length=5, version=4, seed_window_s=None, config=stale(1), ahead=True)
     s.join("p0", version=4)
     s.decide(0.0)
-    s.released_at = None
     s.run_to_end()
     s.state.seed(1.0, 10.0)
-    assert not s.state.seeding and not s.decide(1.0)
+    assert not s.state.seeding and not s.decide(1.0) and s.state.released and s.released_at is None
 
 
 def random_run(seed: int) -> Script:
@@ -197,3 +196,24 @@ def test_the_random_runs_swap_versions_mid_sample_and_kill_workers():
     assert sum(r.state.stats.migrated["refreshed"] for r in runs) >= 20
     assert sum(r.state.stats.preemptions for r in runs) >= 10
     assert sum(len(set(x.versions)) > 1 for r in runs for x in r.samples.values()) >= 20
+
+
+def test_the_reserved_workers_of_a_late_window_take_their_share_from_the_instances():
+    s = step(n_groups=2, n=4, length=40, version=4, seed_window_s=None, config=stale(1), ahead=True, max_pending=0)
+    s.join("p0", max_running=8, version=4)
+    s.decide(0.0)
+    assert len(s.workers["p0"].requests) == 8 and not s.state.pending  # the instance holds the whole batch
+    for i, r in enumerate(sorted(s.workers["p0"].requests.values(), key=lambda r: r.uid)):
+        r.generated = i  # 0..7 tokens each, none streamed yet
+    s.state.advance(5, 1.0)
+    s.state.seed(1.0, 5.0)
+    s.join("r0", RESERVED, max_running=8, version=5)
+    commands = s.decide(1.0)
+    [share] = [c for c in commands if isinstance(c, Abort)]
+    fewest = [r.request_id for r in sorted(s.workers["p0"].requests.values(), key=lambda r: r.generated)[:4]]
+    assert share.worker == "p0" and share.reason == "seed_share" and sorted(share.request_ids) == sorted(fewest)
+    s.answer(share)
+    assert len(submitted(s.decide(1.0))["r0"]) == 4  # half the engines, half the unfinished samples
+    s.run_to_end()
+    assert_exact_tokens(s)
+    assert s.state.stats.migrated["seed_share"] == 4

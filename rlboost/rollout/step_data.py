@@ -287,7 +287,8 @@ class StepStats:
     """Preemptible workers that died (not given back)."""
     in_flight_at_preemption: int = 0
     migrated: Counter = field(default_factory=Counter)
-    """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released, refreshed (their
+    """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released, seed_share (taken
+    from the instances for the reserved workers of a step seeded late), refreshed (their
     worker swapped in a newer version: they continue there on it), fenced (their worker fell more than
     max_staleness versions behind)."""
     wasted_tokens: int = 0

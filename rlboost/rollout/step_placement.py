@@ -7,7 +7,7 @@ thread, Ray or torch.
 
 `StepPlacement` is a base of `StepState` and works on its attributes: `workers`, `ledger`, `tracked`,
 `stats`, `config`, `dispatcher`, `balancer`, `overruns`, `progress`, `expected`, `now`, `seeding`,
-`version`, `longest_pull_s`, `_gates`, `_aborts`, `_reserved_coming`; it issues work through the state's
+`version`, `longest_pull_s`, `_gates`, `_aborts`, `_reserved_coming`, `_ahead`; it issues work through the state's
 `_submit` and `_take_back` and reads `eligible()` and `pending`.
 """
 
@@ -34,8 +34,8 @@ class StepPlacement:
             return []  # a worker swapping in a newer version serves again once its abort is answered
         reserved = [w for w in self.workers.values() if w.kind == RESERVED and w.alive and not w.status.draining]
         if not any(w.status is WorkerState.SERVING for w in reserved):
-            if self._reserved_coming or reserved:
-                return []  # a reserved worker replacing a dead one boots or pulls the step's version
+            if self._reserved_coming or reserved or self._ahead:
+                return []  # a reserved worker replacing a dead one boots or pulls; or the step waits for its own
             raise StepError(f"no rollout worker left at weight version {self.version}: "
                             + ("; ".join(f"{name}: {why}" for _, name, why in self.stats.deaths) or "none joined"))
         for w in reserved:

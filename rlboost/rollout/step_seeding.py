@@ -9,7 +9,7 @@ while the trainer trains this one), a window that opens later, when its trainer 
 
 `StepSeeding` is a base of `StepState` and works on its attributes: `workers`, `tracked`, `stats`,
 `config`, `outlook`, `now`, `t0`, `seeding`, `done`, `_handoffs`, `_handed_off`, `_handoff_check_at`,
-`_released`, `_seed_from`, `_changed`; it takes samples back through the state's `_take_back`.
+`_released`, `_ahead`, `_seed_from`, `_share_due`, `_changed`; it takes samples back through the state's `_take_back`.
 """
 
 from __future__ import annotations
@@ -23,18 +23,50 @@ class StepSeeding:
 
     def seed(self, now: float, window_s: float, outlook: StepOutlook | None = None) -> None:
         """The reserved workers come to a step started without its window (started ahead of its
-        trainer): they seed it from `now` for `window_s`, and hand off as at a step's start. A step
-        whose rollout is over needs no seeding: the reserved resources stay the trainer's."""
+        trainer): they seed it from `now` for `window_s`, and hand off as at a step's start. At the
+        first decision they take their share of what is left (`_share_with_reserved`): the instances
+        may hold the whole batch by then. A step whose rollout is over is not seeded: the reserved
+        resources stay the trainer's, and a reserved worker that joins takes no work."""
+        self._ahead = False
         if self.done:
+            self._handed_off = True
             return
         self.now = now
         self.seeding, self._handed_off, self._released = True, False, False
         self._seed_from, self._handoff_check_at = now, now + window_s
+        self._share_due = True
         self.outlook = outlook
         for w in self.workers.values():
             if w.kind == RESERVED:
                 w.accepting = True
         self._changed(members=True)
+
+    def _seeding_decisions(self, now: float) -> None:
+        """The window's decisions at `decide`: the reserved workers' share of a step seeded late, and
+        the hand-off once the window is over."""
+        if self._share_due:
+            self._share_due = False
+            self._share_with_reserved()
+        if self.seeding and now >= self._handoff_check_at:
+            self._end_seeding()
+
+    def _share_with_reserved(self) -> None:
+        """The reserved workers of a step seeded late take their share of its unfinished samples, as
+        at a step's start: by engines, from what waits and then from the instances, the samples with
+        the fewest tokens first (the cheapest to move, the furthest from finishing)."""
+        reserved = [w for w in self.workers.values() if w.kind == RESERVED and self._eligible(w)]
+        instances = [w for w in self.workers.values() if w.kind == PREEMPTIBLE and w.alive and w.assigned]
+        serving = sum(1 for w in self.workers.values() if w.kind == PREEMPTIBLE and self._eligible(w))
+        if not reserved or not instances:
+            return
+        unfinished = len(self.pending) + sum(len(w.assigned) for w in instances)
+        wanted = unfinished * len(reserved) // (len(reserved) + max(serving, 1)) - len(self.pending)
+        held = sorted((tokens, uid, w.name) for w in instances for uid, tokens in self._tokens_so_far(w).items())
+        moving: dict[str, list[str]] = {}
+        for _, uid, name in held[:max(wanted, 0)]:
+            moving.setdefault(name, []).append(uid)
+        for name, uids in moving.items():
+            self._take_back(self.workers[name], sorted(uids), "seed_share")
 
     def end_window(self, now: float) -> None:
         """The seeding window ends at `now`, before its deadline: the hand-off placed at an event of the

@@ -61,7 +61,8 @@ class StepState(StepSeeding, StepPlacement):
                  config: StepConfig | None = None, order: Sequence[str] | None = None,
                  overruns: Callable[[dict[str, int]], list[str]] | None = None,
                  progress: Callable[[str], Mapping[str, int]] | None = None, longest_pull_s: float = 0.0,
-                 outlook: StepOutlook | None = None, expected: Callable[[str], float | None] | None = None):
+                 outlook: StepOutlook | None = None, expected: Callable[[str], float | None] | None = None,
+                 ahead: bool = False):
         """`samples`: (uid, group index, token store or None) of every sample of the step.
         `seed_window_s`: the seeding window T_seed; None: no window (an evaluation, or a layout whose
         reserved workers never train), every worker generates to the end. `order`: every uid once, in
@@ -70,7 +71,9 @@ class StepState(StepSeeding, StepPlacement):
         pull seen before the step (the share's grace). `outlook`: what earlier steps measured (the
         offload controller's); with it the hand-off waits until the instances would end the step
         sooner than staying colocated (`rlboost.policies.handoff`); None: it happens at the window's
-        end whatever they can do (the paper's controller). `expected`: uid -> the response length its
+        end whatever they can do (the paper's controller). `ahead`: started ahead of its trainer
+        (max_staleness > 0): the reserved resources are the trainer's until `seed` brings the reserved
+        workers, so with no worker yet the step waits for one instead of failing. `expected`: uid -> the response length its
         prompt's history expects (HistoPipe's; None: no history), for what a notice may leave running."""
         self.config = config or StepConfig()
         self.config.validate()
@@ -89,7 +92,8 @@ class StepState(StepSeeding, StepPlacement):
         """When the hand-off is weighed next (the window's end, then every handoff_check_s)."""
         self.longest_pull_s = longest_pull_s
         self.done = not self.tracked
-        self._released = False
+        self._released = self._ahead = ahead
+        self._share_due = False
         self._commands: list[Command] = []
         self._aborts: dict[int, PendingAbort] = {}
         self._handoffs: set[int] = set()
@@ -308,8 +312,7 @@ class StepState(StepSeeding, StepPlacement):
         self.now = now
         if not self.done:
             self._take_back_before_kills(now)
-            if self.seeding and now >= self._handoff_check_at:
-                self._end_seeding()
+            self._seeding_decisions(now)
             self._dispatch()
             self._rebalance()
         self._release_if_free()

@@ -21,6 +21,14 @@ streaming), the rented instances (`rlboost.sim.spot_instances`), the trainer of 
 (`rlboost.sim.step_trainer`) and a step's totals, which become its `StepRecord`
 (`rlboost.sim.step_totals`).
 
+With `max_staleness` k > 0 (bounded staleness, docs/staleness.md) the instances never wait for the
+trainer: once a step's rollout is over they start the next batch ahead of its trainer, on the weights
+they hold (`StepState(ahead=True)` at the version that will train it, so it admits only the k before
+that), pull each version the trainer publishes and swap it in between tokens (`StepState.ready`);
+when its trainer starts, the reserved engines seed what is left
+(`StepState.seed`) and the trainer takes the groups that finished meanwhile at once. One batch runs
+ahead at a time, so a token trained at version t comes from version t - 1 or t.
+
 Two layouts share the loop:
 - `colocated=True` (RLBoost): the reserved GPUs run rollout engines for the seeding window, hand
   their partial samples to the instances, then train on finished groups as they stream in.
@@ -31,6 +39,7 @@ Two layouts share the loop:
 from __future__ import annotations
 
 import heapq
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rlboost.policies.balance import Balancer
@@ -80,7 +89,7 @@ class ClusterRun:
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration,
-                                      notice_keep=cfg.notice_keep)
+                                      notice_keep=cfg.notice_keep, max_staleness=cfg.max_staleness)
         self.histopipe = HistoPipe(HistoPipeConfig(enabled=cfg.histopipe))
         # the reserved engines always hold the version before the one published: their syncs are patches
         self.sync_s = train.weight_sync_s(engine.cfg.reserved_gbps, cfg.wire_dtype) * cfg.patch_share
@@ -107,6 +116,7 @@ class ClusterRun:
         self.totals: StepTotals | None = None  # the running step's counters
         self.trainer: StepTrainer | None = None  # and its trainer
         self.active = False  # the step's rollout is under way
+        self.ahead: _Ahead | None = None  # the next batch, generated ahead of its trainer (max_staleness > 0)
 
         for t in replay.decision_times() if replay is not None else ():
             self._push(t, _TRACE, None, None)
@@ -150,30 +160,42 @@ class ClusterRun:
             self._start(a)
 
     def _settle(self) -> None:
-        """After every instant with events: the step's decisions and their commands, until none is
-        left, then the trainer takes the next group."""
-        step = self.step
-        if step is not None:
-            while True:
-                self.pool.report_finished(step, self.lengths, self.now)
-                commands = step.decide(self.now)
-                if not commands:
-                    break
-                self._execute(commands)
-            if self.active and step.done:
-                self._rollout_done()
+        """After every instant with events: the decisions of the batch the engines serve and their
+        commands, until none is left, then the trainer takes the next group."""
+        if self.step is not None:
+            self._decide()
+            if self.active and self.step.done:
+                self._rollout_done()  # which may start the next batch ahead: its first decisions now
+                self._decide()
         self._train_next()
 
-    def _execute(self, commands) -> None:
+    def _decide(self) -> None:
+        step = self._serving()
+        while True:
+            self.pool.report_finished(step, self._lengths(step), self.now)
+            commands = step.decide(self.now)
+            if not commands:
+                break
+            self._execute(commands, step)
+
+    def _serving(self) -> StepState | None:
+        """The batch the engines serve: the one ahead of its trainer, else the step's."""
+        return self.ahead.state if self.ahead is not None else self.step
+
+    def _lengths(self, step: StepState) -> dict[str, int]:
+        return self.ahead.lengths if self.ahead is not None and step is self.ahead.state else self.lengths
+
+    def _execute(self, commands, step: StepState) -> None:
+        ahead = self.ahead if self.ahead is not None and step is self.ahead.state else None
         for command in commands:
             if isinstance(command, Submit):
-                self.pool.submit(command, self.lengths, self.now)
+                self.pool.submit(command, self._lengths(step), self.now)
             elif isinstance(command, Abort):
-                self.pool.abort(command, self.step, self.now)
+                self.pool.abort(command, step, self.now)
             elif isinstance(command, GroupDone):
-                self.trainer.ready.append(command.group)
+                (ahead.groups_done if ahead is not None else self.trainer.ready).append(command.group)
             elif isinstance(command, ReleaseReserved):
-                self.trainer.release(self.now)
+                self.trainer.release(self.now)  # (never from a batch ahead: its trainer holds the GPUs)
             elif isinstance(command, Retire):
                 pass  # the instance's end is carried out where it was decided (_end_instance)
 
@@ -189,53 +211,85 @@ class ClusterRun:
         self.totals = totals = StepTotals(k, self.now, self.pool.tokens_generated, self.spot.held.seconds(self.now))
         self._replay_step()  # before counting the instances: kills and launches at the start are the step's
         totals.instances_start = len(self.spot.instances)
-        ids = self.work.prompt_ids(k)
-        self.group_lengths = self.work.step(k)
-        n = self.work.cfg.samples_per_prompt
-        # uids sort as the sample indices do (a step has fewer than a million samples)
-        uids = [[f"{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(self.group_lengths)]
-        self.lengths = {uid: length for g, group in enumerate(self.group_lengths)
-                        for uid, length in zip(uids[g], group)}
-        self.trainer = StepTrainer(totals, len(self.group_lengths))
         self.active = True
         plan = self.loop.begin(totals.instances_start) if self.loop is not None else None
         seed_s = plan.seed_window_s if plan is not None else self.fixed_seed_s
         totals.seed_s = seed_s if self.colocated else 0.0
+        outlook = plan.outlook if plan is not None and self.colocated else None
+        ahead, self.ahead = self.ahead, None
+        if ahead is None:
+            self.step, self.lengths, self.group_lengths = self._batch(
+                k, seed_s if self.colocated else None, outlook)
+        else:  # generated ahead of this trainer: the reserved engines seed what is left
+            self.step, self.lengths, self.group_lengths = ahead.state, ahead.lengths, ahead.group_lengths
+            self.step.seed(self.now, seed_s, outlook)
+        step = self.step
+        self.trainer = StepTrainer(totals, len(self.group_lengths))
+        for e in self.reserved:
+            step.join(e.name, RESERVED, self.max_running, e.profile, version=self.published)
+        if ahead is None:
+            for inst in self.spot.instances.values():
+                if inst.booted:
+                    self._join(inst)
+        else:
+            self.trainer.ready.extend(ahead.groups_done)
+            if step.released:  # not seeded (nothing waits for a worker): the trainer starts at once
+                self.trainer.release(self.now)
+        deadline = step.next_deadline()
+        if deadline is not None and deadline > self.now:
+            self._push(deadline, _WINDOW, k, None)
+
+    def _batch(self, k: int, seed_s: float | None, outlook, ahead: bool = False
+               ) -> tuple[StepState, dict[str, int], list[list[int]]]:
+        """The StepState of the workload's step `k`, its response lengths by uid and by group. Its
+        version is the one its trainer will train from: the newest, or for a batch started `ahead`
+        the next (so it admits only tokens within max_staleness of that)."""
+        ids = self.work.prompt_ids(k)
+        group_lengths = self.work.step(k)
+        n = self.work.cfg.samples_per_prompt
+        # uids sort as the sample indices do (a step has fewer than a million samples)
+        uids = [[f"{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(group_lengths)]
+        lengths = {uid: length for g, group in enumerate(group_lengths) for uid, length in zip(uids[g], group)}
         keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
         histopipe = self.histopipe
         overruns = overruns_of(histopipe, keys) if histopipe.cfg.enabled else None
         expected = expected_of(histopipe, keys) if histopipe.cfg.enabled else None
-        self.step = step = StepState(
-            [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=k,
-            seed_window_s=seed_s if self.colocated else None, now=self.now, dispatcher=self.dispatcher,
-            balancer=self.balancer, config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
+        step = StepState(
+            [(uid, g, None) for g, row in enumerate(uids) for uid in row], version=self.published + ahead,
+            seed_window_s=seed_s, now=self.now, dispatcher=self.dispatcher, balancer=self.balancer,
+            config=self.step_config, order=histopipe.order(k, infos), overruns=overruns,
             progress=lambda name: self.pool.progress(name, self.now), longest_pull_s=self.spot.longest_pull_s,
-            outlook=plan.outlook if plan is not None and self.colocated else None, expected=expected)
-        for e in self.reserved:
-            step.join(e.name, RESERVED, self.max_running, e.profile)
-        for inst in self.spot.instances.values():
-            if inst.booted:
-                self._join(inst)
-        deadline = step.next_deadline()
-        if deadline is not None and deadline > self.now:
-            self._push(deadline, _WINDOW, k, None)
+            outlook=outlook, expected=expected, ahead=ahead)
+        return step, lengths, group_lengths
 
     def _join(self, inst: SimInstance) -> None:
-        """The instance's engines take part in the step: serving it, or pulling its weights."""
-        step = self.step
-        state = (WorkerState.NOTICED if inst.doomed else WorkerState.SERVING if inst.version == self.k
+        """The instance's engines take part in the batch they serve: serving it (at a version it
+        admits), or pulling its weights."""
+        step = self._serving()
+        state = (WorkerState.NOTICED if inst.doomed else WorkerState.SERVING if step.admits(inst.version)
                  else WorkerState.PULLING)
-        pulling = inst.version is None and self.published == self.k
+        pulling = inst.version is None and step.admits(self.published)
         for e in inst.engines:
             step.join(e.name, PREEMPTIBLE, self.max_running, e.profile, state=state,
-                      pulling_since=inst.pull_started if pulling else None)
+                      pulling_since=inst.pull_started if pulling else None,
+                      version=inst.version if state is WorkerState.SERVING else None)
 
     def _rollout_done(self) -> None:
         self.totals.rollout_end_s = self.now
         self.active = False
         if not self.trainer.released:
             self.trainer.release(self.now)
+        if self.step_config.max_staleness and self.colocated:
+            self._start_ahead()
+
+    def _start_ahead(self) -> None:
+        """The instances go on with the next batch while the trainer trains this one."""
+        state, lengths, group_lengths = self._batch(self.k + 1, None, None, ahead=True)
+        self.ahead = _Ahead(state, lengths, group_lengths)
+        for inst in self.spot.instances.values():
+            if inst.booted:
+                self._join(inst)
 
     def _close_step(self) -> None:
         stats, totals = self.step.stats, self.totals
@@ -281,11 +335,16 @@ class ClusterRun:
                 response_tokens=sum(self.lengths.values()), measured=self.step.stats.offload_measurements()))
         ids = self.work.prompt_ids(self.k)
         self.histopipe.observe_step({str(ids[g]): lengths for g, lengths in enumerate(self.group_lengths)})
-        # Publish version k+1: the reserved engines load it, the instances pull it.
+        # Publish version k+1: the reserved engines load it, the instances pull it (with staleness they
+        # serve the version they hold meanwhile, and the batch ahead moves its window).
         self.published = self.k + 1
+        if self.ahead is not None:
+            self.ahead.state.advance(self.published, self.now)
+            self._execute(self.ahead.state.take_commands(), self.ahead.state)
         for inst in self.spot.instances.values():
             if inst.version is not None:
-                inst.version = None
+                if not self.step_config.max_staleness:
+                    inst.version = None
                 self._pull(inst)
         self._push(self.now + self.sync_s, _START, self.k + 1, None)
 
@@ -305,7 +364,8 @@ class ClusterRun:
             self._push(self.now + self.cfg.instance_startup_s, _BOOTED, self.spot.launch(self.now).name, None)
 
     def _in_step(self) -> bool:
-        return self.step is not None and self.active
+        """Whether the engines serve a batch now (the step's rollout, or the batch ahead)."""
+        return self.ahead is not None or (self.step is not None and self.active)
 
     def _booted(self, name: str) -> None:
         """The instance's engines are up: they pull the newest weights, then serve."""
@@ -334,9 +394,10 @@ class ClusterRun:
         if not inst.served:
             inst.served = True
             self.totals.provision_s.append(self.now - inst.launched)
-        if self._in_step() and version == self.k:
+        step = self._serving()
+        if self._in_step() and step.admits(version):
             for e in inst.engines:
-                self.step.ready(e.name, self.now, inst.pull_s)
+                step.ready(e.name, self.now, inst.pull_s, version=version)
 
     def _doom(self, name: str, kill_at: float) -> None:
         """A preemption notice of the kill at `kill_at`: the instance gets no more work, and its samples
@@ -345,9 +406,10 @@ class ClusterRun:
         inst = self.spot.instances[name]
         inst.doomed = True
         if self._in_step():
+            step = self._serving()
             for e in inst.engines:
-                self.step.notice(e.name, self.now, kill_at)
-            due = self.step.next_deadline()
+                step.notice(e.name, self.now, kill_at)
+            due = step.next_deadline()
             if due is not None and due > self.now:
                 self._push(due, _WINDOW, self.k, None)
 
@@ -356,20 +418,31 @@ class ClusterRun:
         inst = self.spot.end(name, self.now, preempted)
         if preempted:
             self.totals.preemptions += 1
-        step = self.step
+        step = self._serving()
         for e in inst.engines:
             if step is not None and e.name in step.workers:
                 self.pool.sync(e, self.now)
-                self.pool.report_finished(step, self.lengths, self.now)
+                self.pool.report_finished(step, self._lengths(step), self.now)
                 if preempted:
                     self.pool.kill(e, step, self.now)
                 else:
                     # given back: its samples come back exactly (an abort), then it ends
                     step.retire(e.name, self.now)
-                    self._execute(step.take_commands())
-                    self._execute(step.take_commands())
+                    self._execute(step.take_commands(), step)
+                    self._execute(step.take_commands(), step)
                     step.dead(e.name, "released", self.now, released=True)
             self.pool.remove(e)
+
+
+@dataclass
+class _Ahead:
+    """A batch the instances generate ahead of its trainer (max_staleness > 0)."""
+
+    state: StepState
+    lengths: dict[str, int]
+    group_lengths: list[list[int]]
+    groups_done: list[int] = field(default_factory=list)
+    """Its groups finished so far, in order: its trainer takes them first."""
 
 
 __all__ = ["ClusterRun"]

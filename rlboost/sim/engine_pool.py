@@ -82,7 +82,7 @@ class EnginePool:
         for e, request_id in due:
             held = e.held.pop(request_id)
             uid = request_id.rpartition("#")[0]
-            step.chunk(e.name, request_id, 0, lengths[uid] - held, step.version, True, now, "stop")
+            step.chunk(e.name, request_id, 0, lengths[uid] - held, step.workers[e.name].version, True, now, "stop")
 
     def progress(self, name: str, now: float) -> Mapping[str, int]:
         """The step's `progress`: tokens each request on engine `name` made in its current attempt."""
@@ -108,7 +108,8 @@ class EnginePool:
         e = self.engines[command.worker]
         self.sync(e, now)
         made = e.state.abort(command.request_ids, now)
-        partials = {rid: Partial(n - e.held.pop(rid), step.version) for rid, n in made.items()}
+        version = step.workers[command.worker].version  # a refresh swaps in its new version after the answer
+        partials = {rid: Partial(n - e.held.pop(rid), version) for rid, n in made.items()}
         self._reschedule(e)
         step.aborted(command.id, partials, now)
 
@@ -119,7 +120,7 @@ class EnginePool:
             attempt = made - e.held[request_id]
             streamed = attempt - attempt % interval
             if streamed:
-                step.chunk(e.name, request_id, 0, streamed, step.version, False, now)
+                step.chunk(e.name, request_id, 0, streamed, step.workers[e.name].version, False, now)
         step.dead(e.name, "preempted by the trace", now)
 
 

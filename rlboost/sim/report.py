@@ -43,16 +43,28 @@ def windows(base: SimConfig, segments: str = "ABC", spec: str = "") -> dict[str,
     return runs
 
 
+STALENESS = (1, 2, 4)
+"""The bounds `rlboost simulate` also runs rlboost at, beside the config's own (`--staleness`)."""
+
+
+def label(row: dict) -> str:
+    """A row's policy, with its staleness bound where rlboost runs several."""
+    k = row["max_staleness"]
+    return f"{row['policy']} k={k}" if row["policy"].startswith("rlboost") and k else row["policy"]
+
+
 def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC", policies=POLICIES,
-             window_spec: str = "") -> tuple[dict, dict[tuple[str, str, str], SimResult]]:
+             window_spec: str = "", staleness=()) -> tuple[dict, dict[tuple[str, str, str], SimResult]]:
     """Simulate every (model, trace window, policy); rows as in the JSON, plus `avg` rows over the
-    windows. A window is a segment of the bundled trace or a window of one's own CSV (`windows`)."""
+    windows. A window is a segment of the bundled trace or a window of one's own CSV (`windows`).
+    `staleness`: bounds rlboost also runs at, each a row of policy rlboost with its `max_staleness`
+    (runs keyed by `label`: "rlboost k=2")."""
     rows, runs = [], {}
     runs_by_label = windows(base, segments, window_spec)
     for model in models:
         # veRL and the static split use no instances: one run stands for every window as long
         fixed: dict[tuple[str, float], SimResult] = {}
-        for label, config in runs_by_label.items():
+        for window, config in runs_by_label.items():
             for policy in ("verl",) + tuple(p for p in policies if p != "verl"):
                 key = (policy, config.duration_s)
                 if key in fixed:
@@ -60,16 +72,25 @@ def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC", policies=POL
                 elif policy == "verl-async":  # the baseline at its best staleness bound and split
                     r = fixed[key] = best_verl_async(replace(config, model=model))
                 else:
-                    r = simulate(replace(config, model=model, policy=policy))
+                    bound = config.max_staleness if policy.startswith("rlboost") else 0  # the others: synchronous
+                    r = simulate(replace(config, model=model, policy=policy, max_staleness=bound))
                     if policy in ("verl", "verl2x", "disagg"):
                         fixed[key] = r
-                runs[(model, label, policy)] = r
+                runs[(model, window, policy)] = r
                 if policy in policies:
-                    rows.append(_row(model, label, policy, r, runs[(model, label, "verl")],
-                                     runs.get((model, label, "verl-async"))))
-        for policy in policies:
-            per = [row for row in rows if row["model"] == model and row["policy"] == policy]
-            rows.append({"model": model, "segment": "avg", "policy": policy,
+                    rows.append(_row(model, window, policy, r, runs[(model, window, "verl")],
+                                     runs.get((model, window, "verl-async"))))
+            for k in staleness if "rlboost" in policies else ():
+                if k == config.max_staleness:
+                    continue  # the rlboost row already
+                r = simulate(replace(config, model=model, policy="rlboost", max_staleness=k))
+                row = _row(model, window, "rlboost", r, runs[(model, window, "verl")],
+                           runs.get((model, window, "verl-async")))
+                runs[(model, window, label(row))] = r
+                rows.append(row)
+        for policy in dict.fromkeys(label(row) for row in rows if row["model"] == model):
+            per = [row for row in rows if row["model"] == model and label(row) == policy]
+            rows.append({"model": model, "segment": "avg", "policy": per[0]["policy"],
                          **{k: sum(row[k] for row in per) / len(per) for k in _AVERAGED if k in per[0]},
                          "worst_step_rel_verl": min(row["worst_step_rel_verl"] for row in per),
                          "max_staleness": per[0]["max_staleness"], "rollout_gpus": per[0]["rollout_gpus"]})
@@ -115,10 +136,10 @@ def render(result: dict) -> Table:
     for row in sorted(result["results"], key=lambda r: (r["model"], r["segment"] == "avg", r["segment"])):
         paper = ""
         bundled = not result["config"]["trace"]["path"]  # the paper's numbers are for the bundled segments
-        if bundled and row["segment"] == "avg" and row["policy"] == "rlboost" and row["model"] in PAPER_RLBOOST:
+        if bundled and row["segment"] == "avg" and label(row) == "rlboost" and row["model"] in PAPER_RLBOOST:
             paper = "{:.2f}x / {:.2f}x".format(*PAPER_RLBOOST[row["model"]])
         style = "bold" if row["segment"] == "avg" else None
-        policy = row["policy"]
+        policy = label(row)
         if policy == "verl-async":  # the baseline at its best: say which bound and split won
             policy += f" (k={row['max_staleness']}, {row['rollout_gpus']} rollout GPUs)"
         table.add_row(row["model"], row["segment"], policy, f"{row['throughput_tokens_per_s']:,.0f}",
@@ -139,7 +160,7 @@ def plot(result: dict, runs: dict[tuple[str, str, str], SimResult], out: Path) -
     written = []
     models = list(dict.fromkeys(k[0] for k in runs))
     segments = list(dict.fromkeys(k[1] for k in runs))
-    policies = list(dict.fromkeys(r["policy"] for r in result["results"]))
+    policies = list(dict.fromkeys(label(r) for r in result["results"]))
     for model in models:
         fig, axes = plt.subplots(2, len(segments), figsize=(5 * len(segments), 6), sharex=True,
                                  gridspec_kw={"height_ratios": [3, 1.3]}, squeeze=False)
@@ -173,7 +194,7 @@ def plot(result: dict, runs: dict[tuple[str, str, str], SimResult], out: Path) -
         plt.close(fig)
         written.append(path)
 
-    avg = {(r["model"], r["policy"]): r for r in result["results"] if r["segment"] == "avg"}
+    avg = {(r["model"], label(r)): r for r in result["results"] if r["segment"] == "avg"}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(policies)
     for ax, key, title, idx in ((axes[0], "throughput_rel_verl", "throughput vs veRL", 0),

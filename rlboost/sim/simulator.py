@@ -155,8 +155,11 @@ class SimConfig:
     """disagg and verl-async: reserved GPUs that run rollout (a multiple of tp, the rest train); 0: try
     every split (disagg: on its first DISAGG_PILOT_STEPS steps) and run the best."""
     max_staleness: int = 0
-    """verl-async: how many versions the rollout may run ahead of the trainer (k; 0: synchronous). The
-    rlboost policies model k = 0 only so far."""
+    """k: how many versions behind the trainer a token may be generated (0: synchronous). verl-async:
+    the rollout runs up to k versions ahead. rlboost: the instances generate the next batch while the
+    trainer trains this one, swapping in each version the trainer publishes (rlboost.sim.cluster;
+    one batch ahead, so a token is at most one version stale whatever k >= 1). verl, verl2x, disagg:
+    0 only."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Response lengths of every step (rlboost.sim.workload)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -177,9 +180,9 @@ class SimConfig:
             raise ValueError(f"{_PREFIX}.policy={self.policy!r}; valid: {', '.join(POLICIES)}")
         if self.max_staleness < 0:
             raise ValueError(f"{_PREFIX}.max_staleness must be >= 0, got {self.max_staleness}")
-        if self.max_staleness and self.policy != "verl-async":
-            raise ValueError(f"{_PREFIX}.max_staleness={self.max_staleness}: only policy=verl-async models "
-                             f"staleness so far ({self.policy} is synchronous)")
+        if self.max_staleness and self.policy in ("verl", "verl2x", "disagg"):
+            raise ValueError(f"{_PREFIX}.max_staleness={self.max_staleness}: policy {self.policy} is synchronous; "
+                             "staleness applies to verl-async and the rlboost policies")
         if not self.trace.path and self.segment not in SEGMENTS:
             raise ValueError(f"{_PREFIX}.segment={self.segment!r}; valid: {', '.join(SEGMENTS)}")
         if self.migration not in MIGRATIONS:
