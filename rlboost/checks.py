@@ -55,12 +55,16 @@ def optimizer_steps_per_step(cfg: RLBoostConfig) -> int:
 def validate(cfg: RLBoostConfig) -> None:
     """Every section's own checks, as ConfigErrors (the CLI reports them without a traceback)."""
     check_finite(cfg)  # `load_config` checked it too; a config built in code comes here only
-    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.cluster, cfg.reward, cfg.cost, cfg.tracking,
-                    cfg.run):
+    for section in (cfg.engine, cfg.data, cfg.rollout, cfg.trainer, cfg.algorithm, cfg.cluster, cfg.reward, cfg.cost,
+                    cfg.tracking, cfg.run):
         try:
             section.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from e
+    if cfg.algorithm.max_staleness and cfg.rollout.mode != "hybrid":
+        raise ConfigError(f"algorithm.max_staleness={cfg.algorithm.max_staleness} runs rollout ahead of the trainer on "
+                          "preemptible workers: it needs rollout.mode=hybrid (colocated rollout shares the trainer's "
+                          "GPUs and never runs ahead)")
     if cfg.rollout.hybrid.provider == "ray_cluster" and not cfg.cluster.ray_address:
         raise ConfigError("rollout.hybrid.provider=ray_cluster needs cluster.ray_address (a running cluster)")
     try:

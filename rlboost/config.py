@@ -88,6 +88,23 @@ class RolloutConfig:
 
 
 @dataclasses.dataclass
+class AlgorithmConfig:
+    """How far rollout may run ahead of the trainer (docs/staleness.md)."""
+
+    max_staleness: int = 0
+    """k: every token a step trains on comes from weights at most k versions behind the ones the step
+    starts from (AReaL's `max_head_offpolicyness`). 0 (the default): the synchronous step, every token
+    from exactly those weights. k >= 1 needs rollout.mode=hybrid: the instances start the next batch
+    as soon as a step's rollout is over, while the trainer trains, and swap each new version in
+    between tokens; one batch runs ahead, so a token is at most one version stale. Pair it with
+    trainer.loss=decoupled (or m2po) to correct for the stale tokens."""
+
+    def validate(self) -> None:
+        if self.max_staleness < 0:
+            raise ValueError(f"algorithm.max_staleness must be >= 0 (versions), got {self.max_staleness}")
+
+
+@dataclasses.dataclass
 class RLBoostConfig:
     """The whole run's config: one section per component, each documented field by field."""
 
@@ -101,6 +118,8 @@ class RLBoostConfig:
     """Where rollout runs and how responses are sampled."""
     trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
     """Optimizer and GRPO loss."""
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    """Bounded staleness: how far rollout may run ahead of the trainer."""
     cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
     """The Ray the trainer ranks and the hybrid rollout's workers share, and the weight store."""
     reward: RewardConfig = dataclasses.field(default_factory=RewardConfig)

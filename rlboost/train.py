@@ -8,7 +8,9 @@ weights to the rollout workers; evaluate and checkpoint on schedule; log.
 `hybrid` streams groups from reserved and preemptible workers while the trainer consumes them.
 
 Weight versions: the weights after k optimizer updates of the run are version k, so step k (1-based)
-generates with version k - 1 and leaves the workers at version k.
+generates with version k - 1 and leaves the workers at version k. With `algorithm.max_staleness` m > 0
+(hybrid) the step hands the rollout its successor's batch, which the instances start once this step's
+rollout is over: step k then also trains on tokens of versions k - 1 - m .. k - 2 (docs/staleness.md).
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ class Run(RunParts):
     """What the loop is doing: rollout, training, publishing weights, testing, saving a checkpoint."""
     ess_collapsed: bool = False
     """Whether the console was told the behaviour weights' effective sample size collapsed (once a run)."""
+    prefetched: tuple[int, list[Group], dict] | None = None
+    """(step, its groups, the prompt loader's state before they were taken) of a batch the rollout
+    started ahead of its trainer (algorithm.max_staleness > 0); a checkpoint keeps the state before."""
 
     def status(self) -> str:
         """One line on what the step under way is doing now, for the console (any thread)."""
@@ -116,19 +121,20 @@ class Run(RunParts):
         cfg = self.cfg
         self.step, self.phase = step, "rollout"
         metrics: dict[str, float] = {"timing_s/reward": 0.0}
-        batch = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
-        groups = new_groups(step, batch, cfg.rollout.n, cfg.run.seed)
+        groups = self.batch(step)
         finished: list[Group] = []
 
         def scored(stream):
             for group in stream:
                 with timed(metrics, "reward"):
                     score([group], self.scorer, self.tokenizer)
-                check_on_policy([group], version=step - 1)
+                check_on_policy([group], version=step - 1, max_staleness=cfg.algorithm.max_staleness)
                 finished.append(group)
                 yield group
 
-        stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True)
+        ahead = self.prefetcher(step + 1) if self.may_run_ahead(step) else None
+        stream = self.rollout.generate(groups, self.sampling(cfg.rollout.temperature), step - 1, training=True,
+                                       next_batch=ahead)
         t1 = time.perf_counter()
         self.phase = "training"
         metrics |= self.trainer.train_step(scored(stream), len(groups), step=step)
@@ -143,8 +149,38 @@ class Run(RunParts):
         self.watch_ess(step, metrics.get("actor/ess", 1.0))
         metrics |= self.scorer.pop_metrics()
         metrics["training/global_step"] = float(step)
-        metrics["training/epoch"] = float(self.loader.epoch)
+        metrics["training/epoch"] = float(self.loader_state()["epoch"])
         return metrics
+
+    def batch(self, step: int) -> list[Group]:
+        """The step's groups: taken ahead by the rollout, or now from the prompt loader."""
+        if self.prefetched is not None and self.prefetched[0] == step:
+            groups, self.prefetched = self.prefetched[1], None
+            return groups
+        rows = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
+        return new_groups(step, rows, self.cfg.rollout.n, self.cfg.run.seed)
+
+    def may_run_ahead(self, step: int) -> bool:
+        """Whether the rollout may start step + 1's batch during this step (algorithm.max_staleness > 0):
+        not past the last step, and not before an evaluation, which needs every worker."""
+        run = self.cfg.run
+        return (self.cfg.algorithm.max_staleness > 0 and step < run.total_steps
+                and not (self.val_set.rows and due(step, run.test_freq, run.total_steps)))
+
+    def prefetcher(self, step: int):
+        """What hands the rollout `step`'s batch, when it asks (from its own thread)."""
+        def take() -> list[Group]:
+            state = self.loader.state_dict()
+            rows = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
+            groups = new_groups(step, rows, self.cfg.rollout.n, self.cfg.run.seed)
+            self.prefetched = (step, groups, state)
+            return groups
+
+        return take
+
+    def loader_state(self) -> dict:
+        """The prompt loader's state as of the steps trained: a batch taken ahead is not among them."""
+        return self.prefetched[2] if self.prefetched is not None else self.loader.state_dict()
 
     def watch_ess(self, step: int, ess: float) -> None:
         """One console line the first time the step's effective sample size falls under ESS_COLLAPSE."""
@@ -175,7 +211,7 @@ class Run(RunParts):
 
     def save(self, step: int) -> None:
         save_checkpoint(self.dir, step, self.trainer, self.tokenizer,
-                        {"data": self.loader.state_dict(), "cost": self.cost.state_dict()},
+                        {"data": self.loader_state(), "cost": self.cost.state_dict()},
                         rollout_state=self.rollout.state_dict())
 
     def sampling(self, temperature: float) -> SamplingParams:
@@ -184,15 +220,17 @@ class Run(RunParts):
                               max_tokens=self.cfg.data.max_response_length)
 
 
-def check_on_policy(groups: list[Group], version: int) -> None:
-    """Invariant 1: every token trained on at step k came from the weights of version k - 1. A
-    violation is a bug upstream, never something to train through."""
+def check_on_policy(groups: list[Group], version: int, max_staleness: int = 0) -> None:
+    """Invariant 1: every token trained on at step k came from the weights of version k - 1 (`version`),
+    or with `max_staleness` m from one of versions k - 1 - m .. k - 1. A violation is a bug upstream,
+    never something to train through."""
     for g in groups:
         for s in g.samples:
-            stale = sorted(set(s.versions) - {version})
+            stale = sorted(v for v in set(s.versions) if not version - max_staleness <= v <= version)
             if stale or len(s.versions) != len(s.response_ids):
+                bound = f" (algorithm.max_staleness={max_staleness})" if max_staleness else ""
                 raise RuntimeError(f"sample {s.uid} carries tokens of weight versions {stale or s.versions} "
-                                   f"but this step's weights are version {version}")
+                                   f"but this step's weights are version {version}{bound}")
 
 
 def score(groups: list[Group], scorer: RewardScorer, tokenizer) -> None:

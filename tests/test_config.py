@@ -33,8 +33,8 @@ def test_unknown_key_in_yaml_lists_valid_keys(tmp_path):
 
 
 def test_unknown_override_and_section():
-    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: cluster, cost, data, engine, model, "
-                                          "reward, rollout, run, tracking, trainer"):
+    with pytest.raises(ConfigError, match="unknown config key `optim`.*Valid keys: algorithm, cluster, cost, data, "
+                                          "engine, model, reward, rollout, run, tracking, trainer"):
         load_config(RLBoostConfig, overrides=["optim.lr=1"])
     with pytest.raises(ConfigError, match="`engine` is a section"):
         load_config(RLBoostConfig, overrides=["engine=3"])

@@ -41,15 +41,19 @@ from rlboost.rollout.sample import Group
 
 
 class RolloutManager:
-    def __init__(self, cfg: HybridConfig, weights: WeightsConfig):
+    def __init__(self, cfg: HybridConfig, weights: WeightsConfig, max_staleness: int = 0):
+        """`max_staleness` k: a step admits tokens of versions up to k behind its own, and workers swap
+        a new version in between tokens (docs/staleness.md); 0: the synchronous step."""
         self.cfg = cfg
+        self.max_staleness = max_staleness
         self.table = WorkerTable()
         self.reader = RelayedReports(self.table.get)
         """The workers' reports, taken the moment they arrive by a relay process on this machine while a
         step runs, handed to the step in batches (`rlboost.hybrid.report_relay`)."""
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
-        self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s)
+        self.pulls = PullTracker(weights.pull_timeout_s, weights.pull_retries, cfg.call_timeout_s,
+                                 stage=max_staleness > 0)
         self.current = None
         """The last step started (a `StepRun`), until `cancel_step`."""
 
@@ -80,24 +84,32 @@ class RolloutManager:
 
     def publish(self, manifest: WeightManifest) -> None:
         """Make `manifest` the version to serve. Reserved workers load it before this returns (the next
-        step starts with them); the others pull in the background. Never waits on a preemptible one."""
+        step starts with them); the others pull in the background. Never waits on a preemptible one.
+        While a run ahead of its trainer owns the workers (bounded staleness), its loop does this."""
+        run = self.current
+        if run is not None and run.call(lambda: self._publish_held(manifest)):
+            return
+        with self.table.owner:
+            self._publish_held(manifest)
+
+    def _publish_held(self, manifest: WeightManifest) -> None:
+        """`publish`, by the thread that holds the table's `owner`."""
         import ray
 
         table = self.table
-        with table.owner:
-            self.pulls.publish(manifest)
-            table.apply_inbox(time.monotonic())
-            for h in table.alive():
-                self.pulls.start(h, time.monotonic())
-            deadline = time.monotonic() + self.pulls.timeout_s
-            while time.monotonic() < deadline:
-                reserved = [h for h in table.alive(RESERVED) if h.version != manifest.version]
-                if not reserved:
-                    break
-                refs = [h.pull.ref for h in reserved if h.pull is not None]
-                if refs:
-                    ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
-                self.pulls.settle(table, time.monotonic())
+        self.pulls.publish(manifest)
+        table.apply_inbox(time.monotonic())
+        for h in table.alive():
+            self.pulls.start(h, time.monotonic())
+        deadline = time.monotonic() + self.pulls.timeout_s
+        while time.monotonic() < deadline:
+            reserved = [h for h in table.alive(RESERVED) if h.version != manifest.version]
+            if not reserved:
+                break
+            refs = [h.pull.ref for h in reserved if h.pull is not None]
+            if refs:
+                ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
+            self.pulls.settle(table, time.monotonic())
 
     def wait_ready(self, timeout_s: float | None = None) -> None:
         """Until every live worker serves the current version (or was dropped). A worker that shows no
@@ -126,18 +138,21 @@ class RolloutManager:
     def start_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
                    history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
-                   sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None):
+                   sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
+                   ahead: bool = False, on_done: Callable[[], None] | None = None):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
         from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
         every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
         no-regret hand-off (None: at the window's end).
         `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off). `expected`: uid ->
-        the length its prompt's history expects (HistoPipe's), for what a preemption notice leaves running."""
+        the length its prompt's history expects (HistoPipe's), for what a preemption notice leaves running.
+        `ahead`: a run started before its trainer comes (`StepRun.adopt`), `version` the one that will
+        train it; `on_done`: called from the run's thread once its rollout is over (bounded staleness)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
         policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook, expected)
         run = StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
-                      history, sibling_tokens_per_step)
+                      history, sibling_tokens_per_step, self.max_staleness, ahead, on_done)
         self.current = run  # before it starts: whoever ends the run (`cancel_step`) finds it, however this returns
         run.start()
         return run

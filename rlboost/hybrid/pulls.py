@@ -50,8 +50,11 @@ class PullEvent:
 
 
 class PullTracker:
-    def __init__(self, timeout_s: float = 120.0, retries: int = 2, call_timeout_s: float = 120.0):
-        self.timeout_s, self.retries, self.call_timeout_s = timeout_s, retries, call_timeout_s
+    def __init__(self, timeout_s: float = 120.0, retries: int = 2, call_timeout_s: float = 120.0,
+                 stage: bool = False):
+        """`stage`: a busy worker keeps generating on the version it serves and swaps the pulled one in
+        once idle (`RolloutWorker.pull`; bounded staleness); False: it loads at once, as a step needs."""
+        self.timeout_s, self.retries, self.call_timeout_s, self.stage = timeout_s, retries, call_timeout_s, stage
         self.manifest: WeightManifest | None = None
         """The version workers must serve."""
         self.longest_s = 0.0
@@ -82,7 +85,7 @@ class PullTracker:
         m = self.manifest
         if m is None or h.pull is not None or not h.alive or h.version == m.version:
             return
-        h.pull = Call(h.actor.pull.remote(m, self.timeout_s), now, m.version)
+        h.pull = Call(h.actor.pull.remote(m, self.timeout_s, self.stage), now, m.version)
         if h.state is WorkerState.SERVING:
             h.state = WorkerState.PULLING
 

@@ -5,12 +5,19 @@ finished groups, released once the seeding window has handed the step to the pre
 Each training step starts and ends in the offload loop (`rlboost.policies.offload_loop`, the code the
 simulator runs too): T_seed before it; after it, from the step's `StepReport`, the controller's update
 and the cap on instances the provider may hold.
+
+With `max_staleness` k > 0 (docs/staleness.md) a training step given `next_batch` starts that batch on
+the instances the moment its own rollout is over, while the trainer still trains: a run ahead of its
+trainer at the version that will train it (`StepRun(ahead=True)`). The next `generate` adopts it: the
+reserved workers seed what is left, and the groups that finished meanwhile go to the trainer first.
+One batch runs ahead at a time, as in the simulator (`rlboost.sim.cluster`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import ray
 
@@ -38,16 +45,23 @@ from rlboost.spot import ProgressClock
 
 class HybridRollout:
     def __init__(self, cfg: HybridConfig, cluster: Cluster, spec: WorkerSpec, weights, version: int, seed: int,
-                 histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0):
+                 histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0,
+                 max_staleness: int = 0):
         """`cluster`: the run's Ray, which outlives this backend (`close` ends the workers, not Ray).
         `reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
-        instances with (`cost.*`; 0: no price, no cap from it)."""
+        instances with (`cost.*`; 0: no price, no cap from it). `max_staleness` k: how many versions
+        behind the trainer a token may be (0: the synchronous step; the module docstring)."""
         self.cfg = cfg
+        self.max_staleness = max_staleness
+        self.ahead: StepRun | None = None
+        """The next training step's run, started ahead of its trainer (k > 0), until `generate` adopts it."""
+        self._ahead_error: BaseException | None = None
+        self._memory_lock = threading.Lock()  # the run ahead plans from the memory while the driver absorbs
         # HistoSpec: the run's history lives here; each worker gets a prompt's share with its requests
         self.memory = StepMemory(HistoryStore(spec.histospec.history_max_tokens) if spec.histospec is not None
                                  else None, histopipe)
         """HistoPipe's lengths and HistoSpec's history, from one training step to the next."""
-        self.manager = RolloutManager(cfg, cluster.cfg.weights)
+        self.manager = RolloutManager(cfg, cluster.cfg.weights, max_staleness)
         self.fleet = Fleet(cfg, spec, self.manager, cluster)
         try:
             self.fleet.publish(weights, version)
@@ -75,9 +89,18 @@ class HybridRollout:
         """The fleet's instance-seconds when the step started: the step is billed the rest."""
         self.seed_window_s = cfg.seed_window_s
 
-    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
+    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool,
+                 next_batch: Callable[[], list[Group]] | None = None) -> Iterator[Group]:
         """`training`: run the seeding window (a training step); otherwise every worker generates to
-        the end (evaluation)."""
+        the end (evaluation). `next_batch` (a training step, max_staleness > 0): the next step's groups,
+        asked for once this step's rollout is over and started then, ahead of their trainer."""
+        if self._ahead_error is not None:
+            error, self._ahead_error = self._ahead_error, None
+            raise RuntimeError(f"the next batch could not start ahead of its trainer: {error}") from error
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and (not training or ahead.groups_list is not groups):
+            raise RuntimeError("a step's rollout started ahead of its trainer, then another was asked for: "
+                               "the run ahead is the next training step's")
         self.instances_at_start = self._instances()
         self.step_started = time.monotonic()
         self.billed_at_start = self.fleet.billed_seconds()
@@ -87,18 +110,52 @@ class HybridRollout:
         if training:
             plan = self.loop.begin(self.instances_at_start)
             self.seed_window_s = plan.seed_window_s
-            order, overruns, expected = self.memory.plan(groups, version)
-            self.memory.remember(groups)
-        history = self.memory.responses
-        spec = self.fleet.spec.histospec
-        # only the suffix drafter drafts from siblings
-        siblings = spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
-        # an evaluation has no seeding window: every worker generates to the end
-        self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
-                                           history, plan and plan.outlook, siblings, expected)
+        if ahead is not None:
+            ahead.adopt(plan.seed_window_s, plan.outlook)
+            self.run = ahead
+            start_next = self._ahead_starter(next_batch, params, version) if next_batch else None
+            if start_next is not None and not ahead.chain(start_next):
+                start_next()  # its rollout was over before its trainer came: the next batch starts now
+        else:
+            if training:
+                with self._memory_lock:
+                    order, overruns, expected = self.memory.plan(groups, version)
+                    self.memory.remember(groups)
+            on_done = self._ahead_starter(next_batch, params, version) if training and next_batch else None
+            # an evaluation has no seeding window: every worker generates to the end
+            self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
+                                               self.memory.responses, plan and plan.outlook, self._siblings(),
+                                               expected, on_done=on_done)
         if self.progress is not None:
             self.progress.begin(self.run.tokens)
         return self._released(self.run)
+
+    def _siblings(self) -> int:
+        spec = self.fleet.spec.histospec
+        # only the suffix drafter drafts from siblings
+        return spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
+
+    def _ahead_starter(self, next_batch: Callable[[], list[Group]], params: SamplingParams,
+                       version: int) -> Callable[[], None] | None:
+        """What starts the next batch ahead of its trainer (k > 0), from the loop thread of this step once
+        its rollout is over: at version + 1, the one its trainer will train from, so it admits only the
+        tokens within k of that. With this step's chained `on_done` it is the next one's too."""
+        if not self.max_staleness:
+            return None
+
+        def start() -> None:
+            try:
+                groups = next_batch()
+                with self._memory_lock:
+                    order, overruns, expected = self.memory.plan(groups, version + 1)
+                    self.memory.remember(groups)
+                self.ahead = self.manager.start_step(groups, params, version + 1, None, order, overruns,
+                                                     self.memory.responses, None, self._siblings(), expected,
+                                                     ahead=True)
+            except BaseException as e:  # noqa: BLE001 - raised by the next generate, in the driver
+                self._ahead_error = e
+
+        return start
 
     @staticmethod
     def _released(run: StepRun) -> Iterator[Group]:
@@ -111,7 +168,8 @@ class HybridRollout:
         """Put the new version in the weight store; reserved workers load it now, the others pull it."""
         self.fleet.publish(weights, version)
         # between steps, off the rollout's critical path: this step's responses are the next epoch's history
-        self.memory.absorb()
+        with self._memory_lock:
+            self.memory.absorb()
 
     def finish_step(self, train_s: float) -> dict[str, float]:
         """Close the training step: its report, the offload loop's update (T_seed, the cap the provider

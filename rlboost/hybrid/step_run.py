@@ -12,6 +12,12 @@ Its loop runs in a thread of its own, owns the worker table until the step ends 
 (`rlboost.hybrid.worker_table.Membership`): joins, verified pulls, notices, releases and deaths become
 StepState events. A failure stops the loop and is re-raised by `groups()`. Once the trainer is done,
 `finish(end)` returns the step as a value, a frozen `StepReport`: what the rest of the run reads.
+
+With bounded staleness (`max_staleness` k > 0, docs/staleness.md) a run may be started `ahead` of its
+trainer, on the instances alone, while the trainer still trains the step before; `call(fn)` runs the
+driver's calls between steps (a publish) in its loop, which owns the workers meanwhile; `adopt` brings
+the reserved workers when its trainer comes (`StepState.seed`). `on_done` is called from the loop
+thread once the rollout is over and the workers are released: where the next run ahead starts.
 """
 
 from __future__ import annotations
@@ -24,10 +30,11 @@ from collections.abc import Callable, Iterator
 
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.handles import WorkerHandle, WorkerState, first_line
+from rlboost.hybrid.handles import RESERVED, WorkerHandle, WorkerState
 from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.sibling_relay import SiblingRelay
+from rlboost.hybrid.step_commands import StepCommands
 from rlboost.hybrid.step_report import StepReport
 from rlboost.hybrid.report_relay import RelayedReports
 from rlboost.hybrid.streams import TurnPacer
@@ -37,8 +44,7 @@ from rlboost.hybrid.worker_table import WorkerTable, describe
 from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.policies.handoff import StepOutlook
 from rlboost.rollout.sample import Group, RolloutProgress
-from rlboost.rollout.step_state import (Abort, GroupDone, Partial, ReleaseReserved, Retire, StepConfig, StepState,
-                                        StepStats, Submit)
+from rlboost.rollout.step_state import StepConfig, StepState, StepStats
 from rlboost.run_log import event
 
 POLL_S = 0.02
@@ -67,13 +73,15 @@ class StepPolicies:
     """uid -> the response length its prompt's history expects (HistoPipe's): what a notice leaves running."""
 
 
-class StepRun:
-    """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer."""
+class StepRun(StepCommands):
+    """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer. The
+    commands and the answers to its calls are `StepCommands`'s."""
 
     def __init__(self, table: WorkerTable, reader: RelayedReports, pulls: PullTracker, policies: StepPolicies,
                  cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
                  seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None,
-                 sibling_tokens_per_step: int = 0):
+                 sibling_tokens_per_step: int = 0, max_staleness: int = 0, ahead: bool = False,
+                 on_done: Callable[[], None] | None = None):
         """The step, not started: building it changes nothing of the table's. `start()` hands it the
         workers. `sibling_tokens_per_step` > 0: forward each worker the tokens of its groups' samples
         running elsewhere, up to that many per worker (`rlboost.hybrid.sibling_relay`)."""
@@ -85,9 +93,15 @@ class StepRun:
             [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,
             seed_window_s=seed_window_s, now=self.t0, dispatcher=policies.dispatcher, balancer=policies.balancer,
             config=StepConfig(share_with_pulling=cfg.share_with_pulling, share_grace_s=SHARE_GRACE_S,
-                              notice_keep=cfg.notice_keep, notice_margin_s=cfg.notice_margin_s),
+                              notice_keep=cfg.notice_keep, notice_margin_s=cfg.notice_margin_s,
+                              max_staleness=max_staleness),
             order=policies.order, overruns=policies.overruns, progress=self._progress,
-            longest_pull_s=pulls.longest_s, outlook=policies.outlook, expected=policies.expected)
+            longest_pull_s=pulls.longest_s, outlook=policies.outlook, expected=policies.expected, ahead=ahead)
+        self.groups_list = groups
+        self.on_done = on_done
+        self._calls: list[tuple[Callable[[], None], threading.Event, list]] = []
+        self._calls_lock = threading.Lock()
+        self._closed = False  # the loop ran its last calls: later ones run in their caller
         self.training_may_start = threading.Event()
         self.released_at: float | None = None
         """When the reserved resources became the trainer's (monotonic)."""
@@ -188,6 +202,47 @@ class StepRun:
         """Until the loop thread has ended (the trainer may stop reading after the last group)."""
         self.thread.join(timeout)
 
+    def call(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` in the loop thread at its next turn, holding the workers, and wait for it (any
+        thread; `fn`'s error is raised here). False: the loop has ended, `fn` did not run (the caller may
+        take the table's `owner` itself)."""
+        with self._calls_lock:
+            if self._closed:
+                return False
+            done, box = threading.Event(), []
+            self._calls.append((fn, done, box))
+        done.wait()
+        if box:
+            raise box[0]
+        return True
+
+    def chain(self, on_done: Callable[[], None]) -> bool:
+        """Set `on_done` while the loop runs (any thread). False: the loop has ended; if its rollout
+        finished, the caller runs `on_done` itself."""
+        with self._calls_lock:
+            if self._closed:
+                return False
+            self.on_done = on_done
+            return True
+
+    def adopt(self, seed_window_s: float, outlook: StepOutlook | None) -> None:
+        """The trainer comes to a run started ahead: from now the step is its (its timings count from
+        here), and the reserved workers seed what is left (`StepState.seed`), or, with nothing left,
+        the trainer starts at once."""
+        def seed() -> None:
+            now = time.monotonic()
+            self.t0, self.released_at = now, None
+            self.training_may_start.clear()
+            self.state.seed(now, seed_window_s, outlook)
+            for h in self.table.alive():
+                self.joined(h, now)  # the reserved workers, now that they are the step's
+            if self.state.released:
+                self._release_reserved()
+
+        if not self.call(seed):  # the rollout ended before its trainer came: nothing to seed
+            self.t0 = self.released_at = time.monotonic()
+            self.training_may_start.set()
+
     def end_seed_window(self) -> None:
         """End the seeding window at the loop's next turn, whatever its length (any thread): the hand-off
         placed at an event of the step (a token count, a worker's state) rather than at a time."""
@@ -204,19 +259,20 @@ class StepRun:
     def joined(self, h: WorkerHandle, now: float) -> None:
         """`h` takes part in the step: serving its version, pulling it, or draining."""
         state = self.state
-        if h.name in state.workers or not h.alive:
-            return
-        serving = h.version == self.version and h.state is not WorkerState.JOINING
+        if h.name in state.workers or not h.alive or (state.ahead and h.kind == RESERVED):
+            return  # a run ahead of its trainer gets the reserved workers when it is adopted
+        serving = state.admits(h.version) and h.state is not WorkerState.JOINING
         standing = h.state if h.draining else WorkerState.SERVING if serving else WorkerState.PULLING
         state.join(h.name, h.kind, h.max_running, h.profile, state=standing,
-                   pulling_since=None if serving else self.pulls.pulling_since(h, self.version))
+                   pulling_since=None if serving else self.pulls.pulling_since(h, self.version),
+                   version=h.version if standing is WorkerState.SERVING else None)
 
     def ready(self, h: WorkerHandle, pull_s: float, now: float) -> None:
         """`h` verified the current version."""
         if h.name not in self.state.workers:
             self.joined(h, now)
-        elif h.version == self.version:
-            self.state.ready(h.name, now, pull_s)
+        elif self.state.admits(h.version):
+            self.state.ready(h.name, now, pull_s, version=h.version)
 
     def noticed(self, h: WorkerHandle, now: float, deadline: float | None) -> None:
         self.state.notice(h.name, now, deadline)
@@ -267,6 +323,7 @@ class StepRun:
                         self._housekeeping(now)
                     if self._window_ended.is_set():
                         state.end_window(now)
+                    self._run_calls()
                     self._execute(state.decide(now))
                     if state.done:
                         break
@@ -280,10 +337,25 @@ class StepRun:
                 self._out.put(e)
             finally:
                 self._owning.set()  # also when taking over failed: start() returns, groups() raises
+                with self._calls_lock:
+                    self._closed = True
+                self._run_calls()  # those that came before the close; later ones run in their callers
                 self.relay_cpu_s = self._reader.pause()
                 self._release_reserved()
                 self.table.listen(None)
         self.loop_cpu_s = time.thread_time() - cpu0
+        if self.on_done is not None and state.done and not self._cancelled.is_set():
+            self.on_done()
+
+    def _run_calls(self) -> None:
+        with self._calls_lock:
+            calls, self._calls = self._calls, []
+        for fn, done, box in calls:
+            try:
+                fn()
+            except BaseException as e:  # noqa: BLE001 - raised in the caller
+                box.append(e)
+            done.set()
 
     def _housekeeping(self, now: float) -> None:
         table = self.table
@@ -331,104 +403,6 @@ class StepRun:
             if path.exists():
                 return read_ledger(path).generated
         return h.generated
-
-    def _collect_answers(self) -> None:
-        """Results of control calls: a failed submit or abort means a dead worker; an abort's partial
-        outputs go to the state."""
-        import ray
-
-        calls = list(self._submits) + list(self._aborts)
-        if not calls:
-            return
-        done = ray.wait(calls, num_returns=len(calls), timeout=0)[0]
-        self._collect_submits([ref for ref in done if ref in self._submits])
-        for ref in done:
-            if ref not in self._aborts:
-                continue
-            abort_id, h, _ = self._aborts.pop(ref)
-            now = time.monotonic()
-            try:
-                partials = ray.get(ref)
-            except ray.exceptions.RayError as e:
-                self.table.declare_dead(h, f"abort failed: {first_line(e)}", now)
-                continue
-            self.state.aborted(abort_id, {rid: Partial(len(p.token_ids), p.weight_version, p.token_ids, p.logprobs)
-                                          for rid, p in partials.items()}, now)
-
-    def _collect_submits(self, refs: list) -> None:
-        """Acknowledged submissions, fetched in one call; one by one only when some failed, to tell which."""
-        import ray
-
-        if not refs:
-            return
-        try:
-            ray.get(refs)
-        except Exception:  # noqa: BLE001 - sorted out, and re-raised where it must be, one by one below
-            pass
-        else:
-            for ref in refs:
-                del self._submits[ref]
-                if self.siblings is not None:
-                    self.siblings.acknowledged(ref)
-            return
-        for ref in refs:
-            h = self._submits.pop(ref)
-            try:
-                ray.get(ref)
-                if self.siblings is not None:
-                    self.siblings.acknowledged(ref)
-            except ray.exceptions.RayActorError as e:
-                self.table.declare_dead(h, f"it died: {first_line(e)}", time.monotonic())
-            except ray.exceptions.RayTaskError as e:  # the engine refused a request: a bug, not a death
-                raise RuntimeError(f"rollout worker {h.name} rejected a submission: {e}") from e
-
-    # ---- commands ------------------------------------------------------------------------------------
-
-    def _execute(self, commands) -> None:
-        for command in commands:
-            if isinstance(command, Submit):
-                self._submit(command)
-            elif isinstance(command, Abort):
-                h = self.table.get(command.worker)
-                ref = h.actor.abort.remote(command.request_ids, command.then_sleep)
-                self._aborts[ref] = (command.id, h, time.monotonic())
-            elif isinstance(command, GroupDone):
-                self._out.put(self.groups_by_index[command.group])
-            elif isinstance(command, ReleaseReserved):
-                self._release_reserved()
-            elif isinstance(command, Retire):
-                self.table.retire(self.table.get(command.worker), time.monotonic())
-
-    def _release_reserved(self) -> None:
-        if not self.training_may_start.is_set():
-            self.released_at = time.monotonic()
-            self.training_may_start.set()
-
-    def _submit(self, command: Submit) -> None:
-        h = self.table.get(command.worker)
-        requests = []
-        for r in command.requests:
-            sample = self.state.tracked[r.uid].sample
-            params = dataclasses.replace(self.params, seed=sample.seed, max_tokens=self.params.max_tokens - r.held)
-            requests.append((r.request_id, sample.prompt_ids + sample.response_ids, params, len(sample.prompt_ids)))
-        ref = h.actor.submit.remote(requests, self._histories_for(h, command))
-        self._submits[ref] = h
-        if self.siblings is not None:
-            self.siblings.submitted(ref, [(r.request_id, self.state.tracked[r.uid].group) for r in command.requests])
-
-    def _histories_for(self, h: WorkerHandle, command: Submit) -> list | None:
-        """The drafting history of the prompts submitted to `h` that it has not been sent this step."""
-        if self.history is None:
-            return None
-        out = []
-        for r in command.requests:
-            group = self.groups_by_index[self.state.tracked[r.uid].group]
-            if (h.name, group.index) not in self._history_sent:
-                self._history_sent.add((h.name, group.index))
-                responses = self.history(group.samples[0].prompt_ids)
-                if responses:
-                    out.append((group.samples[0].prompt_ids, responses))
-        return out or None
 
 
 __all__ = ["HOUSEKEEPING_S", "POLL_S", "SHARE_GRACE_S", "StepPolicies", "StepRun"]

@@ -24,7 +24,11 @@ Contract (docs/hybrid.md, "The code"):
 - A worker starts with its model's architecture and no trained weights (version -1); `pull` reaches a
   published version (in full, by a patch from the version it serves, or from the base model on its
   disk: `rlboost.cluster.host_copy`), verifies every bucket and only then swaps it in (invariant 5); a
-  patched version swaps in only the parameters whose bits changed.
+  patched version swaps in only the parameters whose bits changed. With `stage` (bounded staleness)
+  a worker whose engine is busy keeps the verified version staged and goes on generating on the one it
+  serves; the staged version swaps in as soon as the engine holds no request (after an `abort` that
+  empties it, or before a `submit` to an idle engine), never in the middle of a token. Every token
+  carries the version that made it (`StreamChunk.weight_version`).
 - The worker knows nothing of samples, steps or fencing: the manager decides what its reports mean.
 """
 
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 
 from rlboost.cluster.host_copy import HostCopy, base_reader
 from rlboost.cluster.manifest import PullResult, WeightManifest
+from rlboost.cluster.weights import PulledWeights
 from rlboost.engine.config import EngineConfig
 from rlboost.engine.factory import make_engine
 from rlboost.engine.protocol import EngineBackend, SpecStats
@@ -85,6 +90,16 @@ def configured_engine(spec: WorkerSpec) -> EngineBackend:
                        num_threads=spec.num_threads, draft_tokens=spec.histospec.max_draft if spec.histospec else 0)
 
 
+@dataclass
+class _Staged:
+    version: int
+    checksum: str
+    weights: object
+    """The whole verified version (`PulledWeights`), bytes of its own."""
+    names: set[str] | None
+    """The parameters that differ from the version the engine serves (None: all)."""
+
+
 class RolloutWorker:
     """Wrapped as a Ray actor by the fleet; usable directly in-process too."""
 
@@ -100,6 +115,8 @@ class RolloutWorker:
             self.history = HistoryStore(spec.histospec.history_max_tokens)
             self.engine.drafter = make_drafter(self.history, spec.histospec)
         self.spec = spec
+        self.staged: _Staged | None = None
+        """A verified version waiting for the engine to be idle (`pull(stage=True)`)."""
         self._cv = threading.Condition()
         self._ledger = TokenLedger(spec.ledger_path) if spec.ledger_path else None
 
@@ -126,6 +143,8 @@ class RolloutWorker:
                     self.history.update(prompt_ids, responses)
                 self.engine.drafter.invalidate(prompt_ids for prompt_ids, _ in histories)
             self.engine.wake()  # work for a sleeping reserved worker means it is rollout's turn again
+            if not self.engine.has_unfinished():
+                self._swap_staged()
             for request_id, token_ids, params, prompt_len in requests:
                 self.engine.add(request_id, token_ids, params, prompt_len=prompt_len)
             self._cv.notify_all()
@@ -147,31 +166,57 @@ class RolloutWorker:
             stats, self.engine.spec_stats = self.engine.spec_stats, SpecStats()
             return stats
 
-    def abort(self, request_ids: list[str], then_sleep: bool = False) -> dict[str, PartialOutput]:
+    def abort(self, request_ids: list[str], then_sleep: bool = False,
+              then_load: int | None = None) -> dict[str, PartialOutput]:
         """Partial outputs of the requests still running (finished ones already streamed their last
-        chunk). `then_sleep` frees the KV cache in the same call, once the engine is idle."""
+        chunk). Once the engine is idle, a staged version swaps in (`then_load`: the version the manager
+        expects, a refresh's; the staged one is what is verified) and `then_sleep` frees the KV cache."""
         with self._cv:
             partials = self.engine.abort(request_ids)
-            if then_sleep and not self.engine.has_unfinished():
-                self.engine.sleep()
+            if not self.engine.has_unfinished():
+                self._swap_staged()
+                if then_sleep:
+                    self.engine.sleep()
             return partials
 
-    def pull(self, manifest: WeightManifest, timeout_s: float) -> PullResult:
+    def pull(self, manifest: WeightManifest, timeout_s: float, stage: bool = False) -> PullResult:
         """Fetch, verify and load a published version. The fetch runs outside the engine lock; the swap
-        happens only once every bucket passed its checksum, so a failure leaves the old weights."""
+        happens only once every bucket passed its checksum, so a failure leaves the old weights. With
+        `stage`, an engine busy with requests keeps generating on the version it serves and the new one
+        waits, staged, for it to be idle (the module docstring)."""
         t0 = time.perf_counter()
         reached = self.host.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
-            try:
-                # a patched version names what changed: the engine copies only those parameters
-                self.engine.load_weights(reached.weights, manifest.version, names=reached.changed)
-            except BaseException:
-                self.host.forget()  # the engine keeps the version before: the next patch must not build on this one
-                raise
-            self.checksum = manifest.checksum
+            staged = self.staged
+            # what differs from the version the engine serves: this pull's changes and a staged one's
+            names = None if reached.changed is None or (staged is not None and staged.names is None) else \
+                set(reached.changed) | (staged.names if staged is not None else set())
+            if stage and self.engine.has_unfinished():
+                # the host copy is patched in place by the next pull: a staged version needs bytes of its own
+                weights = reached.weights if self.host.arrays is None else \
+                    PulledWeights(manifest, [a.copy() for a in reached.weights.arrays])
+                self.staged = _Staged(manifest.version, manifest.checksum, weights, names)
+            else:
+                self.staged = None
+                self._load(manifest.version, manifest.checksum, reached.weights, names)
         result = reached.result
         result.seconds = time.perf_counter() - t0
         return result
+
+    def _load(self, version: int, checksum: str, weights, names) -> None:
+        try:
+            # a patched version names what changed: the engine copies only those parameters
+            self.engine.load_weights(weights, version, names=names)
+        except BaseException:
+            self.host.forget()  # the engine keeps the version before: the next patch must not build on this one
+            raise
+        self.checksum = checksum
+
+    def _swap_staged(self) -> None:
+        """Load the staged version (the caller holds the lock and the engine is idle)."""
+        staged, self.staged = self.staged, None
+        if staged is not None:
+            self._load(staged.version, staged.checksum, staged.weights, staged.names)
 
     # ---- the stream ------------------------------------------------------------------------------
 

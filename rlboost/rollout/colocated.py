@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from rlboost.engine import SamplingParams
@@ -80,9 +80,12 @@ def run_colocated(engine: EngineBackend, groups: list[Group], params: SamplingPa
 class RolloutBackend(Protocol):
     """Where a step's samples are generated (`rollout.mode`). The training loop depends on this only."""
 
-    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
+    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool,
+                 next_batch: Callable[[], list[Group]] | None = None) -> Iterator[Group]:
         """Generate every sample of `groups` with weights `version`; yield each group once complete,
-        when the trainer may consume it. `training` False: an evaluation pass."""
+        when the trainer may consume it. `training` False: an evaluation pass. `next_batch`: the next
+        step's groups, which a backend that runs ahead of the trainer asks for once this rollout is
+        over (algorithm.max_staleness > 0: the hybrid backend; the others are never given one)."""
 
     def publish(self, weights, version: int) -> None:
         """Serve `weights` as `version` from now on (called between steps)."""
@@ -121,8 +124,12 @@ class ColocatedRollout:
         self._gen_s = 0.0
         """How long the last `generate` took."""
 
-    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool) -> Iterator[Group]:
-        """Every group of the step, in completion order; all generated before the first is handed out."""
+    def generate(self, groups: list[Group], params: SamplingParams, version: int, training: bool,
+                 next_batch: Callable[[], list[Group]] | None = None) -> Iterator[Group]:
+        """Every group of the step, in completion order; all generated before the first is handed out.
+        Never runs ahead of the trainer (it shares its device): `next_batch` must be None."""
+        if next_batch is not None:
+            raise ValueError("colocated rollout never runs ahead of the trainer (algorithm.max_staleness needs hybrid)")
         if self.engine.weight_version != version:
             raise RuntimeError(f"the engine serves weight version {self.engine.weight_version}, not {version}")
         order = self.memory.plan(groups, version)[0] if training else None

@@ -21,6 +21,11 @@ from rlboost.rollout.step_data import PREEMPTIBLE, RESERVED, WorkerState
 class StepSeeding:
     """The seeding decisions of `StepState` (see the module docstring)."""
 
+    @property
+    def ahead(self) -> bool:
+        """Started ahead of its trainer, and not seeded yet: the reserved workers are not its own."""
+        return self._ahead
+
     def seed(self, now: float, window_s: float, outlook: StepOutlook | None = None) -> None:
         """The reserved workers come to a step started without its window (started ahead of its
         trainer): they seed it from `now` for `window_s`, and hand off as at a step's start. At the

@@ -1,0 +1,147 @@
+"""`algorithm.max_staleness` in `rlboost train` (docs/staleness.md): the instances start the next batch
+once a step's rollout is over, while the trainer trains; every token trained is within the bound
+(the loop checks each one, and a violation fails the run); a new version swaps in between tokens on
+the instances; no batch is taken ahead of an evaluation; a checkpoint keeps the prompt order as of the
+steps trained. The publish is placed at an event (the batch ahead has tokens), not after a sleep."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from hybrid_util import patience
+from rlboost.cli import main
+from rlboost.hybrid.rollout import HybridRollout
+from rlboost.rollout import Sample
+from rlboost.train import Run, check_on_policy
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = str(REPO / "configs" / "smoke.yaml")
+
+
+def metrics_of(run_dir: Path) -> dict[int, dict]:
+    return {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+def place_publishes(monkeypatch, kill: bool = False) -> list[bool]:
+    """Each publish waits until the batch ahead (if one started) has 16 tokens: the trainer's new version
+    then lands while the instances generate it, as on a cluster where training takes longer. With
+    `kill`, the first time the batch ahead is still running then, one of its instances is hard-killed
+    first. Returns, per publish, whether a batch was ahead."""
+    publish = HybridRollout.publish
+    waited, killed = [], []
+
+    def placed(self, weights, version):
+        deadline = time.monotonic() + patience(60)
+        while self.ahead is None and self._ahead_error is None and self.run.on_done is not None:
+            assert time.monotonic() < deadline, "the batch ahead never started"
+            time.sleep(0.005)
+        while self.ahead is not None and self.ahead.tokens() < 16 and not self.ahead.state.done:
+            assert time.monotonic() < deadline, "the batch ahead made no tokens"
+            time.sleep(0.005)
+        waited.append(self.ahead is not None)
+        if kill and not killed and self.ahead is not None and not self.ahead.state.done:
+            victim = next(h for h in self.fleet.killable() if self.ahead.state.holding(h.name))
+            self.fleet.preempt(victim, by="the test")
+            killed.append(victim.name)
+        return publish(self, weights, version)
+
+    monkeypatch.setattr(HybridRollout, "publish", placed)
+    return waited
+
+
+AHEAD = ["rollout.mode=hybrid", "rollout.hybrid.num_preemptible=2", "rollout.hybrid.seed_window_s=0.05",
+         "algorithm.max_staleness=1", "trainer.loss=decoupled", "rollout.n=8", "trainer.lr=1e-2", "run.save_freq=0",
+         "run.val_before_train=false", "tracking.report=false", "tracking.loggers=[jsonl]"]
+
+
+@pytest.mark.e2e
+def test_one_batch_ahead_stays_within_the_bound_and_swaps_versions_between_tokens(tmp_path, monkeypatch):
+    ahead = place_publishes(monkeypatch)
+    out = tmp_path / "run"
+    # responses of up to 360 tokens: a batch ahead still generates when the new version's pull lands
+    assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=5", "run.test_freq=3",
+                 "data.max_response_length=360", *AHEAD]) == 0
+    m = metrics_of(out)
+    # steps 1, 2 and 4 handed the rollout their successor; step 3 did not (an evaluation follows it)
+    assert ahead == [True, True, False, True, False]
+    for step in range(1, 6):
+        assert m[step]["staleness/max"] <= 1, step  # and check_on_policy refused any token past it
+    for step in (2, 3, 5):  # generated ahead: tokens of the version before the step's
+        assert m[step]["staleness/mean"] > 0, step
+    assert m[1]["staleness/max"] == m[4]["staleness/max"] == 0  # nothing ran ahead of these
+    # the new version reached instances in the middle of the batch ahead: they swapped it in between
+    # tokens and the samples went on there
+    assert sum(m[s]["migration/refreshed"] for s in (2, 3, 5)) > 0
+    assert 0 < m[5]["actor/ess"] <= 1 and "val/score/mean" in m[3] and "val/score/mean" in m[5]
+
+
+@pytest.mark.e2e
+def test_an_instance_killed_while_it_generates_ahead_loses_no_sample(tmp_path, monkeypatch):
+    """A hard kill of an instance holding samples of the batch ahead, placed at an event (the batch has
+    tokens, the trainer is about to publish): its samples continue elsewhere from their last streamed
+    token, every sample is trained once (the ledger refuses any other) and within the bound."""
+    ahead = place_publishes(monkeypatch, kill=True)
+    out = tmp_path / "run"
+    assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=3", "run.test_freq=0",
+                 "data.max_response_length=360", *AHEAD]) == 0
+    m = metrics_of(out)
+    assert ahead[0] and sorted(m) == [1, 2, 3]
+    # the kill hit the batch ahead of step 2: counted by step 2, whose samples it held
+    assert m[2]["spot/preemptions"] == 1 and m[2]["migration/preempted"] > 0
+    assert all(m[s]["staleness/max"] <= 1 for s in m) and m[2]["staleness/mean"] > 0
+
+
+@pytest.mark.parametrize(("override", "why"), [
+    ("algorithm.max_staleness=1", "algorithm.max_staleness=1 runs rollout ahead of the trainer on preemptible workers: "
+                                  "it needs rollout.mode=hybrid"),
+    ("algorithm.max_staleness=-1", "algorithm.max_staleness must be >= 0")])
+def test_a_bound_the_run_cannot_keep_is_one_line_and_exit_2(override, why, tmp_path, capsys):
+    assert main(["train", SMOKE, f"run.output_dir={tmp_path / 'run'}", override]) == 2
+    out = capsys.readouterr()
+    assert why in out.out + out.err and "Traceback" not in out.out + out.err
+    assert not (tmp_path / "run").exists()  # found before anything started
+
+
+def test_a_token_past_the_bound_stops_the_run():
+    s = Sample(uid="3:0:0", prompt_ids=[1], response_ids=[4, 5, 6], logprobs=[0.0] * 3, versions=[1, 2, 3])
+    group = SimpleNamespace(samples=[s])
+    check_on_policy([group], version=3, max_staleness=2)
+    with pytest.raises(RuntimeError, match=r"weight versions \[1\] but this step's weights are version 4 "
+                                           r"\(algorithm.max_staleness=2\)"):
+        check_on_policy([group], version=4, max_staleness=2)
+
+
+class _Loader:
+    def __init__(self):
+        self.position, self.epoch = 0, 0
+
+    def next_batch(self):
+        rows = [(self.position + i, SimpleNamespace(data_source="t", ground_truth="1", extra_info={}))
+                for i in range(2)]
+        self.position += 2
+        return rows
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "position": self.position}
+
+
+def test_a_batch_taken_ahead_is_the_next_step_s_and_not_in_the_checkpoint_s_prompt_order():
+    cfg = SimpleNamespace(rollout=SimpleNamespace(n=2), run=SimpleNamespace(seed=0, total_steps=4, test_freq=0),
+                          algorithm=SimpleNamespace(max_staleness=1))
+    run = Run.__new__(Run)  # the batch bookkeeping needs only these parts
+    run.cfg, run.loader, run.train_set, run.val_set = cfg, _Loader(), SimpleNamespace(ids=[[i] for i in range(99)]), \
+        SimpleNamespace(rows=[])
+    run.prefetched = None
+    first = run.batch(1)
+    assert run.loader_state() == {"epoch": 0, "position": 2}
+    ahead = run.prefetcher(2)()  # the rollout takes step 2's batch during step 1
+    assert run.loader_state() == {"epoch": 0, "position": 2}  # a checkpoint of step 1 resumes at batch 2
+    assert run.batch(2) is ahead and run.loader_state() == {"epoch": 0, "position": 4}
+    assert [g.row_index for g in first] == [0, 1] and [g.row_index for g in ahead] == [2, 3]
+    assert run.may_run_ahead(1) and not run.may_run_ahead(4)  # never past the last step
+    assert ahead[0].samples[0].uid == "2:0:0"  # the samples are step 2's (their seeds too)
