@@ -207,7 +207,7 @@ class StepRun(StepCommands):
         thread; `fn`'s error is raised here). False: the loop has ended, `fn` did not run (the caller may
         take the table's `owner` itself)."""
         with self._calls_lock:
-            if self._closed:
+            if self._closed or not self.thread.is_alive():  # ended, or never started (a stop in start_step)
                 return False
             done, box = threading.Event(), []
             self._calls.append((fn, done, box))
@@ -220,7 +220,7 @@ class StepRun(StepCommands):
         """Set `on_done` while the loop runs (any thread). False: the loop has ended; if its rollout
         finished, the caller runs `on_done` itself."""
         with self._calls_lock:
-            if self._closed:
+            if self._closed or not self.thread.is_alive():
                 return False
             self.on_done = on_done
             return True
