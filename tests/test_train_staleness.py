@@ -65,7 +65,7 @@ def test_one_batch_ahead_stays_within_the_bound_and_swaps_versions_between_token
     out = tmp_path / "run"
     # responses of up to 360 tokens: a batch ahead still generates when the new version's pull lands
     assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=5", "run.test_freq=3",
-                 "data.max_response_length=360", *AHEAD]) == 0
+                 "data.max_response_length=360", "rollout.histopipe.enabled=true", *AHEAD]) == 0
     m = metrics_of(out)
     # steps 1, 2 and 4 handed the rollout their successor; step 3 did not (an evaluation follows it)
     assert ahead == [True, True, False, True, False]
@@ -78,6 +78,9 @@ def test_one_batch_ahead_stays_within_the_bound_and_swaps_versions_between_token
     # tokens and the samples went on there
     assert sum(m[s]["migration/refreshed"] for s in (2, 3, 5)) > 0
     assert 0 < m[5]["actor/ess"] <= 1 and "val/score/mean" in m[3] and "val/score/mean" in m[5]
+    # each step's responses became history once, when it was the step's, not when it started ahead:
+    # by step 5, those of steps 1 to 4 (4 prompts each, all different)
+    assert [m[s]["histopipe/history_prompts"] for s in range(1, 6)] == [0, 4, 8, 12, 16]
 
 
 @pytest.mark.e2e

@@ -139,7 +139,7 @@ class RolloutManager:
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
                    history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
                    sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
-                   ahead: bool = False, on_done: Callable[[], None] | None = None):
+                   ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
         from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
         every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
@@ -147,12 +147,13 @@ class RolloutManager:
         `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off). `expected`: uid ->
         the length its prompt's history expects (HistoPipe's), for what a preemption notice leaves running.
         `ahead`: a run started before its trainer comes (`StepRun.adopt`), `version` the one that will
-        train it; `on_done`: called from the run's thread once its rollout is over (bounded staleness)."""
+        train it; `on_done`: called from the run's thread once its rollout is over (bounded staleness).
+        `exact`: every token of `version`, whatever the run's max_staleness (an evaluation)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
         policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook, expected)
         run = StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
-                      history, sibling_tokens_per_step, self.max_staleness, ahead, on_done)
+                      history, sibling_tokens_per_step, 0 if exact else self.max_staleness, ahead, on_done)
         self.current = run  # before it starts: whoever ends the run (`cancel_step`) finds it, however this returns
         run.start()
         return run

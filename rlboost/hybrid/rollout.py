@@ -111,6 +111,8 @@ class HybridRollout:
             plan = self.loop.begin(self.instances_at_start)
             self.seed_window_s = plan.seed_window_s
         if ahead is not None:
+            with self._memory_lock:  # its step's now: its responses are absorbed at this step's publish
+                self.memory.remember(groups)
             ahead.adopt(plan.seed_window_s, plan.outlook)
             self.run = ahead
             start_next = self._ahead_starter(next_batch, params, version) if next_batch else None
@@ -125,7 +127,7 @@ class HybridRollout:
             # an evaluation has no seeding window: every worker generates to the end
             self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
                                                self.memory.responses, plan and plan.outlook, self._siblings(),
-                                               expected, on_done=on_done)
+                                               expected, on_done=on_done, exact=not training)
         if self.progress is not None:
             self.progress.begin(self.run.tokens)
         return self._released(self.run)
@@ -146,9 +148,8 @@ class HybridRollout:
         def start() -> None:
             try:
                 groups = next_batch()
-                with self._memory_lock:
+                with self._memory_lock:  # remembered once adopted: this step's batch is yet to be absorbed
                     order, overruns, expected = self.memory.plan(groups, version + 1)
-                    self.memory.remember(groups)
                 self.ahead = self.manager.start_step(groups, params, version + 1, None, order, overruns,
                                                      self.memory.responses, None, self._siblings(), expected,
                                                      ahead=True)
