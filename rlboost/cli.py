@@ -52,6 +52,8 @@ BENCHES: dict[str, tuple[str, str, str]] = {
                       "running the real runtime on emulated instances..."),
     "cluster": ("cluster", "hybrid rollout on emulated hosts behind 10G/1G/100M links: joins, steps, vanished hosts",
                 "running a room of emulated hosts per model and link..."),
+    "staleness": ("staleness", "rollout ahead of the trainer at max_staleness 0/1/2/4 on the real control plane",
+                  "running the real runtime on emulated engines at each staleness bound, then the simulator..."),
 }
 
 

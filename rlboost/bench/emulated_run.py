@@ -74,7 +74,8 @@ def _groups(cfg: CheckConfig, step: int):
 
 
 def check_step(groups: list, cfg: CheckConfig, emu: EmulationConfig, step: int) -> None:
-    """Exactly once, on-policy, exact continuation, and the workload's lengths, for one step."""
+    """Exactly once, on-policy (or within cfg.max_staleness), exact continuation, and the workload's
+    lengths, for one step."""
     lengths = Workload(emu.lengths()).step(step)
     cap = emu.lengths().max_response
     if sorted(g.index for g in groups) != list(range(cfg.prompts)):
@@ -99,8 +100,9 @@ def check_step(groups: list, cfg: CheckConfig, emu: EmulationConfig, step: int) 
                 raise RuntimeError(f"sample {s.uid}: token {first} is not the emulation's (a broken continuation)")
             if s.logprobs != [logprob_at(s.seed, p0 + i) for i in range(want)]:
                 raise RuntimeError(f"sample {s.uid}: log-probs misaligned with its tokens")
-            if s.versions != [step] * want:
-                raise RuntimeError(f"sample {s.uid}: tokens of versions {sorted(set(s.versions))} in step {step}")
+            if len(s.versions) != want or not all(step - cfg.max_staleness <= v <= step for v in s.versions):
+                raise RuntimeError(f"sample {s.uid}: tokens of versions {sorted(set(s.versions))} in step {step} "
+                                   f"(max_staleness {cfg.max_staleness})")
 
 
 @functools.cache
@@ -186,7 +188,8 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     rollout = None
     try:
         rollout = HybridRollout(hybrid, cluster, spec, _weights(0), version=0, seed=cfg.seed,
-                                reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s)
+                                reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s,
+                                max_staleness=cfg.max_staleness)
         boot_wall = time.monotonic() - t_begin
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))
@@ -210,11 +213,13 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
               provision: list[float]) -> EmulatedStep:
     ts = cfg.time_scale
     prompt_len = cfg.prompt_len
-    groups = _groups(cfg, k)
+    ahead = rollout.ahead  # the run started ahead of this step (max_staleness > 0), with its groups
+    groups = ahead.groups_list if ahead is not None else _groups(cfg, k)
     new_weights = _weights(k + 1)  # what the trainer's optimizer step will have made
     cpu0 = time.process_time()
     t0 = time.monotonic()
-    stream = rollout.generate(groups, params, version=k, training=True)
+    following = (lambda: _groups(cfg, k + 1)) if cfg.max_staleness and k + 1 < cfg.steps else None
+    stream = rollout.generate(groups, params, version=k, training=True, next_batch=following)
     run = rollout.run
     run.training_may_start.wait()
     released = time.monotonic()

@@ -78,10 +78,15 @@ class CheckConfig:
     process never imports torch; what fits 64+ instances on one machine)."""
     seed: int = 0
     """Workload seed, and the trace replay's choice of victims."""
+    max_staleness: int = 0
+    """algorithm.max_staleness of the runtime and the simulator's twin (docs/staleness.md): with k > 0
+    the instances generate the next step's batch while the stand-in trainer trains."""
 
     def validate(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model={self.model!r}; valid: {', '.join(sorted(MODELS))}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
         for name in ("instances", "reserved_engines", "prompts", "samples", "steps", "max_num_seqs",
                      "stream_interval", "prompt_len"):
             if getattr(self, name) < 1:
