@@ -198,6 +198,15 @@ class Script:
             assert s.versions == [self.version] * n and s.finish_reason == "stop", uid
 
 
+def submitted(commands) -> dict[str, list[str]]:
+    """worker -> uids submitted to it by `commands`."""
+    out: dict[str, list[str]] = {}
+    for c in commands:
+        if isinstance(c, Submit):
+            out.setdefault(c.worker, []).extend(r.uid for r in c.requests)
+    return out
+
+
 def step(n_groups: int = 2, n: int = 4, length: int = 12, **kw) -> Script:
     lengths = {f"{g}:{j}": length + (g * n + j) % 5 for g in range(n_groups) for j in range(n)}
     groups = {uid: int(uid.split(":")[0]) for uid in lengths}

@@ -10,19 +10,11 @@ import random
 import pytest
 
 from rlboost.rollout.step_state import (RESERVED, Abort, ReleaseReserved, StepConfig, StepError, Submit, WorkerState)
-from step_script import Script, expected_logprobs, expected_tokens, step
+from step_script import Script, expected_logprobs, expected_tokens, step, submitted
 
 
 def stale(k: int) -> StepConfig:
     return StepConfig(max_staleness=k)
-
-
-def submitted(commands) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for c in commands:
-        if isinstance(c, Submit):
-            out.setdefault(c.worker, []).extend(r.uid for r in c.requests)
-    return out
 
 
 def assert_exact_tokens(s: Script) -> None:

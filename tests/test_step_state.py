@@ -11,16 +11,7 @@ import random
 import pytest
 
 from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, Partial, ReleaseReserved, StepConfig, StepError, StepState, Submit)
-from step_script import Script, step
-
-
-def submitted(commands) -> dict[str, list[str]]:
-    """worker -> uids submitted to it by `commands`."""
-    out: dict[str, list[str]] = {}
-    for c in commands:
-        if isinstance(c, Submit):
-            out.setdefault(c.worker, []).extend(r.uid for r in c.requests)
-    return out
+from step_script import Script, step, submitted
 
 
 # ---- the seeding window ------------------------------------------------------------------------------

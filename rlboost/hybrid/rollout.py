@@ -139,9 +139,9 @@ class HybridRollout:
 
     def _ahead_starter(self, next_batch: Callable[[], list[Group]], params: SamplingParams,
                        version: int) -> Callable[[], None] | None:
-        """What starts the next batch ahead of its trainer (k > 0), from the loop thread of this step once
-        its rollout is over: at version + 1, the one its trainer will train from, so it admits only the
-        tokens within k of that. With this step's chained `on_done` it is the next one's too."""
+        """What starts the next batch ahead of its trainer (k > 0), called from the loop thread of this
+        step's run once its rollout is over (the run's `on_done`): at version + 1, the one its trainer
+        will train from, so it admits only the tokens within k of that. None with k = 0."""
         if not self.max_staleness:
             return None
 
