@@ -9,7 +9,8 @@ twin of the same run. One row per k (`part: "emulated"`):
   step left out (nothing runs ahead of it);
 - `step_s`: the mean modelled step; `trainer_idle_s`: the stand-in trainer's mean wait for groups
   once it has the reserved GPUs; `spot_idle_s`: the mean time from the step's last response to its end;
-- `sim_tokens_per_s`: the simulator's prediction of the same run, and `sim_diff`.
+- `sim_tokens_per_s`: the simulator's prediction of the same run, and `sim_diff`; `startup_s`: the
+  instances' measured launch-to-serving time the twin was given, `sim_instances_mean` what it held.
 
 Every emulated step is checked as the emulation check checks it, the bound included: each group and
 sample once, every token within k versions, each response the emulation's exact tokens.
@@ -66,7 +67,9 @@ def row(result: CheckResult) -> dict:
             "spot_idle_s": sum(e.wait_remote_s for e in emulated) / n / ts,
             "instances_mean": sum(e.instances for e in emulated) / n,
             "preemptions": sum(e.preemptions for e in emulated),
-            "sim_tokens_per_s": sim_rate, "sim_diff": rate / sim_rate - 1}
+            "sim_tokens_per_s": sim_rate, "sim_diff": rate / sim_rate - 1,
+            "startup_s": result.startup_s if cfg.provider == "trace" else 0.0,  # a fixed pool serves from the start
+            "sim_instances_mean": sum(s["instances_start"] for s in simulated) / n}
 
 
 def bench_staleness(cfg: StalenessBenchConfig, log=None) -> dict:
@@ -87,12 +90,14 @@ def bench_staleness(cfg: StalenessBenchConfig, log=None) -> dict:
 
 def render(result: dict) -> str:
     lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | instances | preempted "
-             "| simulated tokens/s | emulated vs simulated |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| simulated tokens/s | emulated vs simulated | startup s | simulated instances |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["results"]:
         versus = f"{r['vs_k0']:.2f}x" if "vs_k0" in r else "-"
         lines.append(f"| {r['k']} | {r['tokens_per_s']:,.0f} | {versus} | {r['step_s']:.1f} | {r['trainer_idle_s']:.2f} "
                      f"| {r['spot_idle_s']:.2f} | {r['instances_mean']:.1f} | {r['preemptions']} "
-                     f"| {r['sim_tokens_per_s']:,.0f} | {r['sim_diff']:+.1%} |")
+                     f"| {r['sim_tokens_per_s']:,.0f} | {r['sim_diff']:+.1%} | {r['startup_s']:.1f} "
+                     f"| {r['sim_instances_mean']:.1f} |")
     return "\n".join(lines)
 
 
