@@ -77,7 +77,7 @@ def test_one_batch_ahead_stays_within_the_bound_and_swaps_versions_between_token
     # the new version reached instances in the middle of the batch ahead: they swapped it in between
     # tokens and the samples went on there
     assert sum(m[s]["migration/refreshed"] for s in (2, 3, 5)) > 0
-    assert 0 < m[5]["actor/ess"] <= 1 and "val/score/mean" in m[3] and "val/score/mean" in m[5]
+    assert 0 < m[5]["actor/ess"] <= 1 + 1e-6 and "val/score/mean" in m[3] and "val/score/mean" in m[5]  # float32 sums
     # each step's responses became history once, when it was the step's, not when it started ahead:
     # by step 5, those of steps 1 to 4 (4 prompts each, all different)
     assert [m[s]["histopipe/history_prompts"] for s in range(1, 6)] == [0, 4, 8, 12, 16]
