@@ -157,8 +157,7 @@ class Run(RunParts):
         if self.prefetched is not None and self.prefetched[0] == step:
             groups, self.prefetched = self.prefetched[1], None
             return groups
-        rows = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
-        return new_groups(step, rows, self.cfg.rollout.n, self.cfg.run.seed)
+        return self._take(step)
 
     def may_run_ahead(self, step: int) -> bool:
         """Whether the rollout may start step + 1's batch during this step (algorithm.max_staleness > 0):
@@ -171,12 +170,16 @@ class Run(RunParts):
         """What hands the rollout `step`'s batch, when it asks (from its own thread)."""
         def take() -> list[Group]:
             state = self.loader.state_dict()
-            rows = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
-            groups = new_groups(step, rows, self.cfg.rollout.n, self.cfg.run.seed)
+            groups = self._take(step)
             self.prefetched = (step, groups, state)
             return groups
 
         return take
+
+    def _take(self, step: int) -> list[Group]:
+        """`step`'s groups from the prompt loader's next batch."""
+        rows = [(i, self.train_set.ids[i], row) for i, row in self.loader.next_batch()]
+        return new_groups(step, rows, self.cfg.rollout.n, self.cfg.run.seed)
 
     def loader_state(self) -> dict:
         """The prompt loader's state as of the steps trained: a batch taken ahead is not among them."""

@@ -7,13 +7,12 @@ steps trained. The publish is placed at an event (the batch ahead has tokens), n
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from hybrid_util import patience
+from hybrid_util import wait_for
 from rlboost.cli import main
 from rlboost.hybrid.rollout import HybridRollout
 from rlboost.rollout import Sample
@@ -36,13 +35,11 @@ def place_publishes(monkeypatch, kill: bool = False) -> list[bool]:
     waited, killed = [], []
 
     def placed(self, weights, version):
-        deadline = time.monotonic() + patience(60)
-        while self.ahead is None and self._ahead_error is None and self.run.on_done is not None:
-            assert time.monotonic() < deadline, "the batch ahead never started"
-            time.sleep(0.005)
-        while self.ahead is not None and self.ahead.tokens() < 16 and not self.ahead.state.done:
-            assert time.monotonic() < deadline, "the batch ahead made no tokens"
-            time.sleep(0.005)
+        # events of the run, waited for; the limits only bound a hang and stretch with the machine's load
+        wait_for(lambda: self.ahead is not None or self._ahead_error is not None or self.run.on_done is None, 60,
+                 "the batch ahead to start")
+        wait_for(lambda: self.ahead is None or self.ahead.tokens() >= 16 or self.ahead.state.done, 60,
+                 "the batch ahead's first 16 tokens")
         waited.append(self.ahead is not None)
         if kill and not killed and self.ahead is not None and not self.ahead.state.done:
             victim = next(h for h in self.fleet.killable() if self.ahead.state.holding(h.name))

@@ -207,7 +207,7 @@ class StepRun(StepCommands):
         thread; `fn`'s error is raised here). False: the loop has ended, `fn` did not run (the caller may
         take the table's `owner` itself)."""
         with self._calls_lock:
-            if self._closed or not self.thread.is_alive():  # ended, or never started (a stop in start_step)
+            if not self._taking_calls():
                 return False
             done, box = threading.Event(), []
             self._calls.append((fn, done, box))
@@ -220,10 +220,15 @@ class StepRun(StepCommands):
         """Set `on_done` while the loop runs (any thread). False: the loop has ended; if its rollout
         finished, the caller runs `on_done` itself."""
         with self._calls_lock:
-            if self._closed or not self.thread.is_alive():
+            if not self._taking_calls():
                 return False
             self.on_done = on_done
             return True
+
+    def _taking_calls(self) -> bool:
+        """The loop runs, or will run, what is handed to it (the caller holds `_calls_lock`): not ended,
+        and started (a stop landing in start_step can leave a run that never did)."""
+        return not self._closed and self.thread.is_alive()
 
     def adopt(self, seed_window_s: float, outlook: StepOutlook | None) -> None:
         """The trainer comes to a run started ahead: from now the step is its (its timings count from

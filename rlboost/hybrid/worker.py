@@ -187,10 +187,7 @@ class RolloutWorker:
         t0 = time.perf_counter()
         reached = self.host.pull(manifest, self.fingerprint, timeout_s)
         with self._cv:
-            staged = self.staged
-            # what differs from the version the engine serves: this pull's changes and a staged one's
-            names = None if reached.changed is None or (staged is not None and staged.names is None) else \
-                set(reached.changed) | (staged.names if staged is not None else set())
+            names = self._changed_since_served(reached.changed)
             if stage and self.engine.has_unfinished():
                 # the host copy is patched in place by the next pull: a staged version needs bytes of its own
                 weights = reached.weights if self.host.arrays is None else \
@@ -202,6 +199,15 @@ class RolloutWorker:
         result = reached.result
         result.seconds = time.perf_counter() - t0
         return result
+
+    def _changed_since_served(self, changed) -> set[str] | None:
+        """The parameters that differ from the version the engine serves: this pull's changes (from the
+        version the host copy held) and a staged version's (None: all)."""
+        if changed is None:
+            return None
+        if self.staged is None:
+            return set(changed)
+        return None if self.staged.names is None else set(changed) | self.staged.names
 
     def _load(self, version: int, checksum: str, weights, names) -> None:
         try:
