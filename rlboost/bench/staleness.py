@@ -17,7 +17,10 @@ sample once, every token within k versions, each response the emulation's exact 
 
 On one 2-core machine the emulated engines sleep through their modelled time, so the overlap shows as
 it would on GPUs: the CPUs only run the control plane. The learning half of the question (does
-training on stale tokens learn as well) needs real engines: `rlboost train` at the bounds to compare.
+training on stale tokens learn as well) needs real engines: with `parts` including `learning`, the
+bench runs `rlboost train` (the showcase) at each of `learning_bounds` and `learning_seeds`, one row
+per run (`part: "learning"`, rlboost.bench.staleness_learning). Those runs take about half an hour
+each on a 2-core machine, so the default runs the emulated part only.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from dataclasses import dataclass, replace
 
 from rlboost.bench.emulation import CheckResult, run_check
 from rlboost.bench.emulation_config import CheckConfig
+from rlboost.bench.staleness_learning import learning_runs
+
+PARTS = ("emulated", "learning")
 
 
 @dataclass
@@ -39,6 +45,50 @@ class StalenessBenchConfig(CheckConfig):
     """Spot instances coming and going by the compressed trace segment (`fixed`: a constant pool)."""
     steps: int = 6
     """RL steps of each run (the first runs nothing ahead and is left out of the rates)."""
+    parts: list[str] = dataclasses.field(default_factory=lambda: ["emulated"])
+    """Which rows to run: `emulated` (minutes), `learning` (real `rlboost train` runs: half an hour each)."""
+    learning_config: str = ""
+    """The learning runs' config file (empty: the showcase, rlboost/configs/showcase.yaml)."""
+    learning_bounds: list[int] = dataclasses.field(default_factory=lambda: [0, 2])
+    """max_staleness of the learning runs."""
+    learning_seeds: list[int] = dataclasses.field(default_factory=lambda: [0, 1])
+    """run.seed of the learning runs: every bound runs every seed."""
+    learning_steps: int = 14
+    """RL steps of every learning run (the showcase's)."""
+    learning_overrides: list[str] = dataclasses.field(default_factory=lambda: ["trainer.loss=decoupled"])
+    """Dotted overrides of every learning run, comma-separated on the command line. Decoupled PPO by
+    default: at k = 0 it is GRPO's loss exactly, at k > 0 it weights each token by its behaviour policy."""
+    learning_dir: str = "outputs/bench/staleness_learning"
+    """Where the learning runs' folders go (`k<k>_seed<seed>`; a run's old folder is replaced)."""
+
+    def validate(self) -> None:
+        """The learning runs' configs are loaded and checked here, before anything runs."""
+        unknown = sorted(set(self.parts) - set(PARTS))
+        if unknown or not self.parts:
+            raise ValueError(f"parts={','.join(self.parts)}: each of {', '.join(PARTS)}")
+        if "emulated" in self.parts:
+            self.checks()
+        if "learning" in self.parts:
+            self.learning_configs()
+
+    def learning_configs(self) -> list:
+        """Each learning bound's RLBoostConfig, as its run will load it (ConfigError if one is refused)."""
+        from rlboost.checks import validate
+        from rlboost.config import RLBoostConfig, load_config
+        from rlboost.configs import SHOWCASE
+
+        if not self.learning_seeds or not self.learning_bounds:
+            raise ValueError("learning_bounds and learning_seeds: at least one each")
+        if self.learning_steps < 1:
+            raise ValueError(f"learning_steps must be >= 1, got {self.learning_steps}")
+        out = []
+        for k in self.learning_bounds:
+            cfg = load_config(RLBoostConfig, self.learning_config or SHOWCASE,
+                              [*self.learning_overrides, f"run.total_steps={self.learning_steps}",
+                               f"algorithm.max_staleness={k}"])
+            validate(cfg)
+            out.append(cfg)
+        return out
 
     def checks(self) -> list[CheckConfig]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(CheckConfig)}
@@ -72,27 +122,64 @@ def row(result: CheckResult) -> dict:
             "sim_instances_mean": sum(s["instances_start"] for s in simulated) / n}
 
 
-def bench_staleness(cfg: StalenessBenchConfig, log=None) -> dict:
-    """Each bound's emulated run and its simulated twin; rows as in the module docstring, with the rate
-    relative to k = 0 where it ran."""
-    rows = []
-    for check in cfg.checks():
-        if log:
-            log(f"max_staleness {check.max_staleness}: {check.instances} instances ({check.provider}), "
-                f"{check.prompts} x {check.samples} samples, {check.steps} steps, time_scale {check.time_scale:g}:")
-        rows.append(row(run_check(check, log)))
-    base = next((r for r in rows if r["k"] == 0), None)
-    for r in rows:
-        if base is not None:
-            r["vs_k0"] = r["tokens_per_s"] / base["tokens_per_s"]
-    return {"config": dataclasses.asdict(cfg), "results": rows}
+def bench_staleness(cfg: StalenessBenchConfig, log=None, save_partial=None) -> dict:
+    """Each bound's emulated run and its simulated twin, then the learning runs, as `parts` says; rows
+    as in the module docstring, the emulated rate relative to k = 0 where it ran. `save_partial` is
+    called with the result so far after each row."""
+    result = {"config": dataclasses.asdict(cfg), "results": []}
+    rows = result["results"]
+    if "emulated" in cfg.parts:
+        for check in cfg.checks():
+            if log:
+                log(f"max_staleness {check.max_staleness}: {check.instances} instances ({check.provider}), "
+                    f"{check.prompts} x {check.samples} samples, {check.steps} steps, time_scale {check.time_scale:g}:")
+            rows.append(row(run_check(check, log)))
+            if save_partial:
+                save_partial(result)
+        emulated = [r for r in rows if r["part"] == "emulated"]
+        base = next((r for r in emulated if r["k"] == 0), None)
+        for r in emulated:
+            if base is not None:
+                r["vs_k0"] = r["tokens_per_s"] / base["tokens_per_s"]
+    if "learning" in cfg.parts:
+        for learned in learning_runs(cfg.learning_config, cfg.learning_bounds, cfg.learning_seeds, cfg.learning_steps,
+                                     cfg.learning_dir, cfg.learning_overrides, log):
+            rows.append(learned)
+            if save_partial:
+                save_partial(result)
+    return result
 
 
 def render(result: dict) -> str:
+    emulated = [r for r in result["results"] if r["part"] == "emulated"]
+    learned = [r for r in result["results"] if r["part"] == "learning"]
+    return "\n\n".join(table for table in (render_emulated(emulated) if emulated else "",
+                                            render_learning(learned) if learned else "") if table)
+
+
+def render_learning(rows: list[dict]) -> str:
+    lines = ["| k | seed | steps | held-out first | held-out last | reward first | reward last | ESS mean "
+             "| staleness mean | staleness max | preempted | migrated | wall s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['k']} | {r['seed']} | {r['steps']} | {r['val_first']:.3f} | {r['val_last']:.3f} "
+                     f"| {r['reward_first']:.3f} | {r['reward_last']:.3f} | {r['ess_mean']:.3f} "
+                     f"| {r['staleness_mean']:.3f} | {r['staleness_max']:.0f} | {r['preemptions']:.0f} "
+                     f"| {r['migrated']:.0f} | {r['wall_s']:.0f} |")
+    for k in sorted({r["k"] for r in rows}):
+        runs = [r for r in rows if r["k"] == k]
+        lines.append(f"| {k} | mean of {len(runs)} | | {sum(r['val_first'] for r in runs) / len(runs):.3f} "
+                     f"| {sum(r['val_last'] for r in runs) / len(runs):.3f} | | | "
+                     f"{sum(r['ess_mean'] for r in runs) / len(runs):.3f} | "
+                     f"{sum(r['staleness_mean'] for r in runs) / len(runs):.3f} | | | | |")
+    return "\n".join(lines)
+
+
+def render_emulated(rows: list[dict]) -> str:
     lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | instances | preempted "
              "| simulated tokens/s | emulated vs simulated | startup s | simulated instances |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in result["results"]:
+    for r in rows:
         versus = f"{r['vs_k0']:.2f}x" if "vs_k0" in r else "-"
         lines.append(f"| {r['k']} | {r['tokens_per_s']:,.0f} | {versus} | {r['step_s']:.1f} | {r['trainer_idle_s']:.2f} "
                      f"| {r['spot_idle_s']:.2f} | {r['instances_mean']:.1f} | {r['preemptions']} "
@@ -101,4 +188,4 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["StalenessBenchConfig", "bench_staleness", "render", "row"]
+__all__ = ["PARTS", "StalenessBenchConfig", "bench_staleness", "render", "row"]
