@@ -6,6 +6,7 @@ steps trained. The publish is placed at an event (the batch ahead has tokens), n
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from hybrid_util import wait_for
+from rlboost.hybrid.harness import reports_held
 from rlboost.cli import main
 from rlboost.hybrid.rollout import HybridRollout
 from rlboost.rollout import Sample
@@ -26,27 +28,54 @@ def metrics_of(run_dir: Path) -> dict[int, dict]:
     return {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def place_publishes(monkeypatch, kill: bool = False) -> list[bool]:
-    """Each publish waits until the batch ahead (if one started) has 16 tokens: the trainer's new version
-    then lands while the instances generate it, as on a cluster where training takes longer. With
-    `kill`, the first time the batch ahead is still running then, one of its instances is hard-killed
-    first. Returns, per publish, whether a batch was ahead."""
-    publish = HybridRollout.publish
-    waited, killed = [], []
+def place_publishes(monkeypatch, kill: bool = False, clock_moved: list[int] | None = None) -> list[bool]:
+    """Each batch ahead starts with its instances' reports held (the manager reads none of their tokens,
+    as from a reader fallen behind; they generate until backpressure stops them), so none of its samples
+    can finish before its trainer publishes, however slow the machine: the trainer's new version lands
+    while the instances hold samples of the batch ahead, as on a cluster where training takes longer.
+    With `kill`, the first such publish hard-kills one of them first. Each publish releases the reports
+    once the instances have the new version (a refresh decided while they held samples). Returns, per
+    publish, whether a batch was ahead. A run with a progress clock appends to `clock_moved` how far it
+    moved while the batch ahead's first 8 tokens came in."""
+    publish, starter = HybridRollout.publish, HybridRollout._ahead_starter
+    clock_moved = [] if clock_moved is None else clock_moved
+    waited, killed, holds = [], [], contextlib.ExitStack()
+
+    def held_starter(self, next_batch, params, version):
+        start = starter(self, next_batch, params, version)
+        if start is None:
+            return None
+
+        def held_start():
+            for h in self.fleet.killable():
+                holds.enter_context(reports_held(self.fleet, h.name))
+            start()
+        return held_start
 
     def placed(self, weights, version):
         # events of the run, waited for; the limits only bound a hang and stretch with the machine's load
-        wait_for(lambda: self.ahead is not None or self._ahead_error is not None or self.run.on_done is None, 60,
-                 "the batch ahead to start")
-        wait_for(lambda: self.ahead is None or self.ahead.tokens() >= 16 or self.ahead.state.done, 60,
-                 "the batch ahead's first 16 tokens")
-        waited.append(self.ahead is not None)
-        if kill and not killed and self.ahead is not None and not self.ahead.state.done:
-            victim = next(h for h in self.fleet.killable() if self.ahead.state.holding(h.name))
-            self.fleet.preempt(victim, by="the test")
-            killed.append(victim.name)
-        return publish(self, weights, version)
+        with holds:
+            wait_for(lambda: self.ahead is not None or self._ahead_error is not None or self.run.on_done is None, 60,
+                     "the batch ahead to start")
+            waited.append(self.ahead is not None)
+            if self.ahead is None:
+                return publish(self, weights, version)
+            held = [h for h in self.fleet.killable() if self.ahead.state.holding(h.name)]
+            assert held and not self.ahead.state.done  # the reports held: nothing of it could finish
+            if kill and not killed:
+                self.fleet.preempt(held[0], by="the test")
+                killed.append(held.pop(0).name)
+            publish(self, weights, version)
+            wait_for(lambda: all(h.version == version or not h.alive for h in held), 60,
+                     "the instances to pull the new version")
+            before = self.progress.tokens() if self.progress is not None else 0
+        if self.progress is not None:
+            # the run's progress (the trace's and the chaos's clock) goes on with the batch ahead's tokens
+            # as they come, while this step's rollout, over, adds none
+            wait_for(lambda: self.ahead.tokens() >= 8 or self.ahead.state.done, 60, "the batch ahead's tokens")
+            clock_moved.append(self.progress.tokens() - before if self.ahead.tokens() >= 8 else 8)
 
+    monkeypatch.setattr(HybridRollout, "_ahead_starter", held_starter)
     monkeypatch.setattr(HybridRollout, "publish", placed)
     return waited
 
@@ -58,14 +87,19 @@ AHEAD = ["rollout.mode=hybrid", "rollout.hybrid.num_preemptible=2", "rollout.hyb
 
 @pytest.mark.e2e
 def test_one_batch_ahead_stays_within_the_bound_and_swaps_versions_between_tokens(tmp_path, monkeypatch):
-    ahead = place_publishes(monkeypatch)
+    clock_moved: list[int] = []
+    ahead = place_publishes(monkeypatch, clock_moved=clock_moved)
     out = tmp_path / "run"
-    # responses of up to 360 tokens: a batch ahead still generates when the new version's pull lands
+    # The chaos on the run's progress (seeded: its first kill lies past the run's tokens) gives the run
+    # its progress clock, which must count the batch ahead's tokens as they come
     assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=5", "run.test_freq=3",
-                 "data.max_response_length=360", "rollout.histopipe.enabled=true", *AHEAD]) == 0
+                 "data.max_response_length=360", "rollout.histopipe.enabled=true",
+                 "rollout.hybrid.preempt_every_tokens=1e9", *AHEAD]) == 0
     m = metrics_of(out)
     # steps 1, 2 and 4 handed the rollout their successor; step 3 did not (an evaluation follows it)
     assert ahead == [True, True, False, True, False]
+    assert len(clock_moved) == 3 and all(moved >= 8 for moved in clock_moved), clock_moved
+    assert all(m[step]["spot/preemptions"] == 0 for step in m)
     for step in range(1, 6):
         assert m[step]["staleness/max"] <= 1, step  # and check_on_policy refused any token past it
     for step in (2, 3, 5):  # generated ahead: tokens of the version before the step's

@@ -128,7 +128,7 @@ class HybridRollout:
             self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
                                                self.memory.responses, plan and plan.outlook, self._siblings(),
                                                expected, on_done=on_done, exact=not training)
-        if self.progress is not None:
+        if self.progress is not None and ahead is None:  # a run started ahead is on the clock since it started
             self.progress.begin(self.run.tokens)
         return self._released(self.run)
 
@@ -153,6 +153,11 @@ class HybridRollout:
                 self.ahead = self.manager.start_step(groups, params, version + 1, None, order, overruns,
                                                      self.memory.responses, None, self._siblings(), expected,
                                                      ahead=True)
+                if self.progress is not None:
+                    # the run's progress goes on while the trainer trains: the trace's events and the
+                    # chaos's kills land in the batch ahead too, not all at once when its trainer comes.
+                    # This step's rollout is over, so its count is final.
+                    self.progress.begin(self.ahead.tokens)
             except BaseException as e:  # noqa: BLE001 - raised by the next generate, in the driver
                 self._ahead_error = e
 
