@@ -119,6 +119,7 @@ def _bench(args: argparse.Namespace) -> int:
     from rlboost.tables import log_for, print_line, print_output
 
     from rlboost.config import ConfigError, check_finite
+    from rlboost.stopping import StopRequested
 
     config_class, run, render = _bench_parts(args.what)
     cfg = config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(config_class)})
@@ -137,8 +138,14 @@ def _bench(args: argparse.Namespace) -> int:
     # Ray's messages (a paragraph per worker the bench kills) and the events go to a log file; the
     # console keeps the bench's own lines and the events
     log = BENCH_LOGS / f"{args.what}.log"
-    with run_log(log, console), console.status(BENCHES[args.what][2]):
-        result = run(cfg, **kwargs)
+    try:
+        with run_log(log, console), console.status(BENCHES[args.what][2]):
+            result = run(cfg, **kwargs)
+    except StopRequested as stop:  # a bench that stops cleanly on a signal (its rows so far are kept)
+        partial = Path(args.json).with_suffix(".partial.json") if args.json else None
+        kept = f"; the rows so far: {partial}" if partial is not None and partial.exists() else ""
+        print_line(console, f"stopped by {stop.signal_name}{kept}")
+        return stop.exit_status
     print_output(console, render(result))
     print_line(console, f"log: {log}")
     if args.json:

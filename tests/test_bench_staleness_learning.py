@@ -5,11 +5,14 @@ its console's last lines, and a stopped run's whole session ended."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from hybrid_util import wait_for
@@ -96,3 +99,34 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+@pytest.mark.e2e
+def test_a_bench_stopped_by_sigterm_stops_its_run_and_says_so(tmp_path):
+    """`rlboost bench staleness --parts learning` given SIGTERM while its run trains: the run gets its
+    clean stop, the bench exits 143 with one line, and no process of either is left."""
+    runs = tmp_path / "runs"
+    bench = subprocess.Popen(
+        [sys.executable, "-m", "rlboost.cli", "bench", "staleness", "--parts", "learning", "--learning-config",
+         str(Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"), "--learning-bounds", "0",
+         "--learning-seeds", "0", "--learning-steps", "1000", "--learning-dir", str(runs)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        # an event: the run has trained a step (its metrics file has a line)
+        metrics = runs / "k0_seed0" / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().strip() or bench.poll() is not None, 120,
+                 "the learning run's first step")
+        assert bench.poll() is None, bench.stdout.read()
+        started = psutil.Process(bench.pid).children(recursive=True)  # the run (its own session) and its own
+        assert started
+        bench.terminate()
+        out, _ = bench.communicate(timeout=300)
+        assert bench.returncode == 143, out
+        assert "stopped by SIGTERM" in out and "Traceback" not in out
+        console = (runs / "k0_seed0" / "console.log").read_text()
+        assert "stopped by SIGTERM" in console  # the run's own clean stop, with how to resume it
+        assert not [p.pid for p in started if alive(p.pid)]
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+

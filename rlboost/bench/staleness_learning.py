@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from rlboost.configs import SHOWCASE
+from rlboost.stopping import StopOnSignal
 
 STOP_GRACE_S = 120.0
 """How long a stopped bench lets its run stop cleanly before the second signal ends it at once."""
@@ -84,8 +85,10 @@ def run_train(command: list[str], console_log: Path) -> float:
     Raises RuntimeError with the console's last lines if it fails; stops it cleanly if this is stopped."""
     console_log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    with open(console_log, "w") as out:
-        # its own session: the second signal below reaches the run and everything it started
+    # a SIGTERM or Ctrl-C of the bench (StopRequested, KeyboardInterrupt) stops the run first; a second
+    # one ends the bench and everything it started at once
+    with open(console_log, "w") as out, StopOnSignal():
+        # its own session: the signals below reach the run and everything it started
         proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             code = proc.wait()
