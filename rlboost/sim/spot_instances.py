@@ -41,7 +41,13 @@ class SpotInstances:
             return None
         if not self.caps or self.caps[-1][1] != cap:
             self.caps.append((now, cap))
-        return self.replay.step(now, list(self.instances), 0, cap)
+        # The replay sees what the runtime's trace provider shows it: the instances that have booted
+        # (the manager admitted them) by name, the booting ones as a count. A drop kills booted ones
+        # only; a boot in progress holds its slot. Shown booting ones by name, the twin of a run whose
+        # instances boot for longer than a step lost them to drops the run never saw, and its offload
+        # objective then gave every instance back (docs/staleness.md, the emulated rows).
+        booted = [name for name, inst in self.instances.items() if inst.booted]
+        return self.replay.step(now, booted, len(self.instances) - len(booted), cap)
 
     def launch(self, now: float) -> SimInstance:
         """A new instance, booting from `now`; names run i0, i1, ... in launch order."""
