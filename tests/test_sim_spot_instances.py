@@ -34,3 +34,14 @@ def test_what_the_replay_sees_is_what_the_runtime_shows_it(monkeypatch):
     b.booted = True
     spot.decide(1.0, cap=None)
     assert seen == [([b.name], 2)]  # TraceProvider.tick: replay.advance(now, running names, fleet.starting, cap)
+
+
+def test_the_twin_of_a_run_whose_instances_boot_for_longer_than_a_step_keeps_them():
+    # `rlboost bench staleness`'s trace rows: instances that boot for 20 s against steps of about 15 s.
+    # Shown the booting instances by name, the replay killed three of them in the first step (drops the
+    # run never had), the offload rule on short-lived markets fired and the twin held none from then on.
+    from rlboost.bench.emulation import run_simulation
+    from rlboost.bench.emulation_config import CheckConfig
+
+    steps = run_simulation(CheckConfig(provider="trace", steps=4), startup_s=20.0)
+    assert all(s["instances_start"] > 0 for s in steps), [s["instances_start"] for s in steps]
