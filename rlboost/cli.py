@@ -129,6 +129,11 @@ def _bench(args: argparse.Namespace) -> int:
             cfg.validate()
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    for config, overrides in getattr(cfg, "train_runs", list)():  # a bench's `rlboost train` runs, checked now
+        from rlboost.checks import validate
+        from rlboost.config import RLBoostConfig, load_config
+
+        validate(load_config(RLBoostConfig, config, overrides))
     needs_room = getattr(importlib.import_module(f"rlboost.bench.{BENCHES[args.what][0]}"), "NEEDS_ROOM", False)
     if needs_room(cfg) if callable(needs_room) else needs_room:
         _enter_room(args.argv)  # the bench goes on inside a room of emulated hosts

@@ -18,6 +18,7 @@ import pytest
 from hybrid_util import wait_for
 
 from rlboost.bench.staleness import StalenessBenchConfig, render
+from rlboost.cli import main
 from rlboost.bench.staleness_learning import _stop, learning_row, run_train, train_command
 
 
@@ -51,14 +52,26 @@ def test_a_run_without_an_evaluation_is_refused_by_what_it_lacks(tmp_path):
 
 @pytest.mark.parametrize("fields, said", [
     ({"parts": ["emulated", "learned"]}, "parts=emulated,learned: each of emulated, learning"),
-    ({"parts": ["learning"], "learning_overrides": ["trainer.nope=1"]}, "unknown config key `trainer.nope`"),
-    ({"parts": ["learning"], "learning_overrides": ["rollout.mode=colocated"]}, "needs rollout.mode=hybrid"),
     ({"parts": ["learning"], "learning_seeds": []}, "at least one each"),
     ({"parts": ["learning"], "learning_steps": 0}, "learning_steps must be >= 1"),
 ])
-def test_the_learning_runs_configs_are_refused_before_anything_runs(fields, said):
+def test_the_benchs_own_fields_are_refused_by_name(fields, said):
     with pytest.raises(ValueError, match=said.replace("[", r"\[")):
         StalenessBenchConfig(**fields).validate()
+
+
+@pytest.mark.parametrize("override, said", [
+    ("trainer.nope=1", "unknown config key `trainer.nope`"),
+    ("rollout.mode=colocated", "needs rollout.mode=hybrid"),
+])
+def test_a_learning_run_the_train_command_would_refuse_is_refused_before_anything_runs(override, said, tmp_path,
+                                                                                       capsys):
+    runs = tmp_path / "runs"
+    code = main(["bench", "staleness", "--parts", "learning", "--learning-overrides", override,
+                 "--learning-dir", str(runs)])
+    out = capsys.readouterr()
+    assert code == 2 and said in out.out + out.err and "Traceback" not in out.out + out.err
+    assert not runs.exists()  # nothing started
 
 
 def test_the_bound_and_seed_come_last_so_they_win(tmp_path):

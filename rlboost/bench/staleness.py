@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from rlboost.bench.emulation import CheckResult, run_check
 from rlboost.bench.emulation_config import CheckConfig
 from rlboost.bench.staleness_learning import learning_runs
+from rlboost.configs import SHOWCASE
 
 PARTS = ("emulated", "learning")
 
@@ -62,33 +63,28 @@ class StalenessBenchConfig(CheckConfig):
     """Where the learning runs' folders go (`k<k>_seed<seed>`; a run's old folder is replaced)."""
 
     def validate(self) -> None:
-        """The learning runs' configs are loaded and checked here, before anything runs."""
+        """The emulated runs' configs are checked here; the learning runs' by the CLI, which loads
+        `train_runs()` as `rlboost train` would, before anything runs."""
         unknown = sorted(set(self.parts) - set(PARTS))
         if unknown or not self.parts:
             raise ValueError(f"parts={','.join(self.parts)}: each of {', '.join(PARTS)}")
         if "emulated" in self.parts:
             self.checks()
         if "learning" in self.parts:
-            self.learning_configs()
+            self.train_runs()
 
-    def learning_configs(self) -> list:
-        """Each learning bound's RLBoostConfig, as its run will load it (ConfigError if one is refused)."""
-        from rlboost.checks import validate
-        from rlboost.config import RLBoostConfig, load_config
-        from rlboost.configs import SHOWCASE
-
+    def train_runs(self) -> list[tuple[str, list[str]]]:
+        """(config file, overrides) of each learning bound's `rlboost train`, the seed aside (the CLI
+        checks each as the run will load it); none unless `parts` has `learning`."""
+        if "learning" not in self.parts:
+            return []
         if not self.learning_seeds or not self.learning_bounds:
             raise ValueError("learning_bounds and learning_seeds: at least one each")
         if self.learning_steps < 1:
             raise ValueError(f"learning_steps must be >= 1, got {self.learning_steps}")
-        out = []
-        for k in self.learning_bounds:
-            cfg = load_config(RLBoostConfig, self.learning_config or SHOWCASE,
-                              [*self.learning_overrides, f"run.total_steps={self.learning_steps}",
-                               f"algorithm.max_staleness={k}"])
-            validate(cfg)
-            out.append(cfg)
-        return out
+        return [(self.learning_config or str(SHOWCASE),
+                 [*self.learning_overrides, f"run.total_steps={self.learning_steps}", f"algorithm.max_staleness={k}"])
+                for k in self.learning_bounds]
 
     def checks(self) -> list[CheckConfig]:
         shared = {f.name: getattr(self, f.name) for f in dataclasses.fields(CheckConfig)}
