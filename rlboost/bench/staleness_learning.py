@@ -23,7 +23,6 @@ the run's own clean stop, a second one at once) and leaves no process behind.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -35,6 +34,7 @@ from pathlib import Path
 
 from rlboost.configs import SHOWCASE
 from rlboost.stopping import StopOnSignal
+from rlboost.tracking.report_data import ESS, METRICS_FILE, STALENESS, STALENESS_MAX, read_metrics
 
 STOP_GRACE_S = 120.0
 """How long a stopped bench lets its run stop cleanly before the second signal ends it at once."""
@@ -47,37 +47,32 @@ def train_command(config: str, k: int, seed: int, steps: int, run_dir: Path, ove
             f"algorithm.max_staleness={k}", f"run.seed={seed}"]
 
 
-def metrics_of(run_dir: Path) -> list[dict]:
-    """The run's `metrics.jsonl`, one dict per step in step order."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return sorted((json.loads(line) for line in lines if line.strip()), key=lambda m: m["step"])
-
-
 def learning_row(run_dir: Path, k: int, seed: int, wall_s: float) -> dict:
     """One run's row (the module docstring) from its folder. Raises ValueError naming what the run's
     metrics lack (a run without an evaluation, or one that trained no step)."""
-    steps = metrics_of(run_dir)
-    trained = [m for m in steps if m["step"] >= 1]
-    evals = [m for m in steps if "val/score/mean" in m]
+    rows = read_metrics(run_dir / METRICS_FILE)  # the report's reader: merged lines, a cut-off last line skipped
+    trained = [(step, m) for step, m in rows.items() if step >= 1]
+    evals = [(step, m) for step, m in rows.items() if "val/score/mean" in m]
     if not trained:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no trained step")
+        raise ValueError(f"{run_dir / METRICS_FILE}: no trained step")
     if not evals:
-        raise ValueError(f"{run_dir / 'metrics.jsonl'}: no evaluation (val/score/mean); the learning rows need "
+        raise ValueError(f"{run_dir / METRICS_FILE}: no evaluation (val/score/mean); the learning rows need "
                          "run.val_before_train and run.test_freq")
 
     def mean(key: str) -> float:
-        values = [m[key] for m in trained if key in m]
+        values = [m[key] for _, m in trained if key in m]
         return sum(values) / len(values) if values else float("nan")
 
-    return {"part": "learning", "k": k, "seed": seed, "steps": trained[-1]["step"], "wall_s": wall_s,
-            "val_first": evals[0]["val/score/mean"], "val_first_step": evals[0]["step"],
-            "val_last": evals[-1]["val/score/mean"], "val_last_step": evals[-1]["step"],
-            "reward_first": trained[0].get("critic/score/mean", float("nan")),
-            "reward_last": trained[-1].get("critic/score/mean", float("nan")),
-            "ess_mean": mean("actor/ess"), "staleness_mean": mean("staleness/mean"),
-            "staleness_max": max((m.get("staleness/max", 0.0) for m in trained), default=0.0),
-            "preemptions": sum(m.get("spot/preemptions", 0.0) for m in trained),
-            "migrated": sum(m.get("migration/samples", 0.0) for m in trained)}
+    (first_eval, first), (last_eval, last) = evals[0], evals[-1]
+    return {"part": "learning", "k": k, "seed": seed, "steps": trained[-1][0], "wall_s": wall_s,
+            "val_first": first["val/score/mean"], "val_first_step": first_eval,
+            "val_last": last["val/score/mean"], "val_last_step": last_eval,
+            "reward_first": trained[0][1].get("critic/score/mean", float("nan")),
+            "reward_last": trained[-1][1].get("critic/score/mean", float("nan")),
+            "ess_mean": mean(ESS), "staleness_mean": mean(STALENESS),
+            "staleness_max": max((m.get(STALENESS_MAX, 0.0) for _, m in trained), default=0.0),
+            "preemptions": sum(m.get("spot/preemptions", 0.0) for _, m in trained),
+            "migrated": sum(m.get("migration/samples", 0.0) for _, m in trained)}
 
 
 def run_train(command: list[str], console_log: Path) -> float:
@@ -134,4 +129,4 @@ def learning_runs(config: str, bounds: list[int], seeds: list[int], steps: int, 
             yield learning_row(run_dir, k, seed, wall_s)
 
 
-__all__ = ["learning_row", "learning_runs", "metrics_of", "run_train", "train_command"]
+__all__ = ["learning_row", "learning_runs", "run_train", "train_command"]
