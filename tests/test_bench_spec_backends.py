@@ -99,26 +99,30 @@ def test_each_turn_draws_seeds_of_its_own_the_same_for_both_engines():
 
     def seeds(turn):
         engine = SeedRecorder()
-        _timed(engine, [[[1, 2], [3, 4]], [[5, 6]]], SamplingParams(temperature=0.6, seed=11), turn)
+        _timed(engine, [[1, 2], [3, 4]], SamplingParams(temperature=0.6, seed=11), turn)
         return engine.seeds
     assert len(set(seeds(0))) == 2 and seeds(0) == seeds(0)  # a wave's requests differ; a turn repeats
     assert not set(seeds(0)) & set(seeds(1)) and not set(seeds(1)) & set(seeds(2))
 
 
-def test_turns_alternate_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, capsys):
+def test_turns_alternate_wave_by_wave_and_a_row_is_over_all_of_them(tmp_path, monkeypatch, capsys):
     from rlboost.bench.spec import _turns
     calls = []
 
     def turn(name, seconds):
-        return lambda index: calls.append((name, index)) or (seconds, [[len(calls)]])
-    base, spec = _turns(3, turn("plain", 2.0), turn("spec", 1.0))
+        return lambda index, wave: calls.append((name, index, wave)) or (seconds, [[len(calls)]])
+    base, spec = _turns(3, 1, turn("plain", 2.0), turn("spec", 1.0))
     # side by side (a slow spell of the machine hits both), each pair on its own seeds (the turn's index),
     # counterbalanced: a drift of the machine's speed across a row falls on both sides alike
-    assert calls == [("plain", 0), ("spec", 0), ("spec", 1), ("plain", 1), ("plain", 2), ("spec", 2)]
+    assert calls == [("plain", 0, 0), ("spec", 0, 0), ("spec", 1, 0), ("plain", 1, 0), ("plain", 2, 0), ("spec", 2, 0)]
     assert base == (6.0, [[1], [4], [5]]) and spec == (3.0, [[2], [3], [6]])
-    drift = iter(range(1, 5))  # each call 1 s slower than the one before it: ABBA's two turns cancel it
-    base, spec = _turns(2, lambda i: (next(drift), [[0]]), lambda i: (next(drift), [[0]]))
-    assert base[0] == spec[0] == 5
+    calls.clear()  # batch 1: the sides alternate request by request, within a turn as across turns
+    _turns(2, 2, turn("plain", 2.0), turn("spec", 1.0))
+    assert calls == [("plain", 0, 0), ("spec", 0, 0), ("spec", 0, 1), ("plain", 0, 1),
+                     ("spec", 1, 0), ("plain", 1, 0), ("plain", 1, 1), ("spec", 1, 1)]
+    drift = iter(range(1, 9))  # each call 1 s slower than the one before it: ABBA cancels it
+    base, spec = _turns(2, 2, lambda i, w: (next(drift), [[0]]), lambda i, w: (next(drift), [[0]]))
+    assert base[0] == spec[0] == 18
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "spec", *TINY, "--turns", "0"]) == 2
     assert capsys.readouterr().out == "error: --turns must be >= 1, got 0\n"

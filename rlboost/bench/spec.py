@@ -6,9 +6,9 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
 (a) `same_weights`: with the weights that wrote the history;
 (b) `after_training`: after `train_steps` real GRPO steps on those prompts, the history unchanged
     (the previous epoch's responses, as in training).
-Batch 1 is measured over `batch1_requests` prompts one at a time; larger batches over the first
-`batch` prompts together; each `turns` times, plain and speculating in turn (counterbalanced: plain,
-spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples'
+Batch 1 is measured over `batch1_requests` prompts one at a time (a wave each); larger batches over
+the first `batch` prompts together (one wave); each `turns` times, plain and speculating taking turns
+wave by wave (counterbalanced: plain, spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples'
 lengths). tokens/s counts generated
 tokens over wall time (prefill included, the same for both); every engine generates a few tokens
 before the first turn (vLLM's first steps are several times slower). `accepted_per_verify` is the mean
@@ -68,8 +68,9 @@ class SpecBenchConfig:
     """Sampling temperatures measured."""
     history_samples: int = 4
     """Responses per prompt in the history rollout."""
-    batch1_requests: int = 4
-    """Prompts measured one at a time for batch 1."""
+    batch1_requests: int = 8
+    """Prompts measured one at a time for batch 1 (each a wave of its own, the sides alternating request
+    by request). Four read 0.89-0.94x on rows whose verify steps were cheaper than plain ones."""
     turns: int = 2
     """Plain and speculating turns per row, in counterbalanced order (plain, spec, spec, plain, ...; each
     speculating turn with a fresh drafter on the same history; each pair of turns with seeds of its own);
@@ -240,10 +241,12 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 continue  # vLLM verifies paths only (the config refuses this pair)
             spec.spec_stats = SpecStats()
 
-            def speculating(turn, spec=spec, drafter=drafter):  # each turn drafts afresh from the same history
-                spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
-                return _timed(spec, waves, params, turn)
-            base, timed = _turns(cfg.turns, lambda turn: _timed(plain, waves, params, turn), speculating)
+            def speculating(turn, wave, spec=spec, drafter=drafter):  # each turn drafts afresh from the same history
+                if wave == 0:
+                    spec.drafter = make_drafter(stores[t], cfg.draft_config(drafter))
+                return _timed(spec, waves[wave], params, turn)
+            base, timed = _turns(cfg.turns, len(waves), lambda turn, wave: _timed(plain, waves[wave], params, turn),
+                                 speculating)
             stats = spec.spec_stats
             out.append(where | {"backend": backend, "drafter": drafter} | _compared(base, timed) | {
                 "accepted_per_verify": stats.accepted / stats.verifications if stats.verifications else 0.0,
@@ -253,8 +256,8 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 "verify_cost": stats.verify_s / stats.plain_equivalent_s if stats.plain_equivalent_s else None})
         for method, engine in (vllm.methods.items() if vllm else ()):
             before = dataclasses.replace(engine.vllm_spec)
-            base, timed = _turns(cfg.turns, lambda turn: _timed(vllm.plain, waves, params, turn),
-                                 lambda turn, engine=engine: _timed(engine, waves, params, turn))
+            base, timed = _turns(cfg.turns, len(waves), lambda turn, wave: _timed(vllm.plain, waves[wave], params, turn),
+                                 lambda turn, wave, engine=engine: _timed(engine, waves[wave], params, turn))
             drafts, accepted = engine.vllm_spec.drafts - before.drafts, engine.vllm_spec.accepted - before.accepted
             out.append(where | {"backend": "vllm", "drafter": f"vllm:{method}"} | _compared(base, timed) | {
                 "accepted_per_verify": accepted / drafts if drafts else 0.0, "spec_step_fraction": None})
@@ -265,17 +268,21 @@ Timed = tuple[float, list[list[int]]]
 """(seconds, responses) of a rollout, or of several summed and concatenated."""
 
 
-def _turns(turns: int, plain: Callable[[int], Timed], speculating: Callable[[int], Timed]) -> tuple[Timed, Timed]:
-    """`turns` calls of each with the turn's index, each one's summed, in counterbalanced order: plain
-    first in even turns, speculating first in odd ones (plain, spec, spec, plain, ...), so a machine
-    speeding up or slowing down across a row weighs on both sides alike from two turns on, and the side
-    that goes first at a new batch size or temperature (its allocations, its caches) is not always the
-    same one."""
+def _turns(turns: int, waves: int, plain: Callable[[int, int], Timed],
+           speculating: Callable[[int, int], Timed]) -> tuple[Timed, Timed]:
+    """`turns` rollouts of each side, each of `waves` waves, summed per side: `plain(turn, wave)` and
+    `speculating(turn, wave)` take turns wave by wave in counterbalanced order (plain first where
+    turn + wave is even: plain, spec, spec, plain, ...). A drift of the machine's speed falls on both
+    sides alike within a few seconds, not only across a whole turn: batch 1 times one request per wave,
+    and its plain speed moved by a fifth between the rows of one run when a turn was all of a side's
+    waves at once. The side that goes first at a new batch size or temperature (its allocations, its
+    caches) is not always the same one."""
     runs: tuple[list, list] = ([], [])
     for turn in range(turns):
-        order = ((0, plain), (1, speculating)) if turn % 2 == 0 else ((1, speculating), (0, plain))
-        for side, measure in order:
-            runs[side].append(measure(turn))
+        for wave in range(waves):
+            order = ((0, plain), (1, speculating)) if (turn + wave) % 2 == 0 else ((1, speculating), (0, plain))
+            for side, measure in order:
+                runs[side].append(measure(turn, wave))
     return tuple((sum(s for s, _ in run), [out for _, outs in run for out in outs]) for run in runs)
 
 
@@ -287,13 +294,11 @@ def _compared(base: Timed, spec: Timed) -> dict:
             "identical": sum(a == b for a, b in zip(base_out, spec_out)) / len(base_out)}
 
 
-def _timed(engine: EngineBackend, waves, params: SamplingParams, turn: int = 0) -> Timed:
-    """The waves rolled out one after the other, request i of a wave seeded by `params.seed`, `turn` and i."""
-    outs = []
+def _timed(engine: EngineBackend, wave, params: SamplingParams, turn: int = 0) -> Timed:
+    """One wave of prompts rolled out together, request i seeded by `params.seed`, `turn` and i."""
     t0 = time.perf_counter()
-    for wave in waves:
-        outs += _generate(engine, wave, [dataclasses.replace(params, seed=params.seed * 7 + 100_003 * turn + i)
-                                         for i in range(len(wave))])
+    outs = _generate(engine, wave, [dataclasses.replace(params, seed=params.seed * 7 + 100_003 * turn + i)
+                                    for i in range(len(wave))])
     return time.perf_counter() - t0, outs
 
 
