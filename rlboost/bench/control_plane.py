@@ -39,12 +39,18 @@ class ControlPlaneBenchConfig:
     (`default_time_scale`: 64 emulated engines at the modelled H100 speed do not fit on 2 cores beside
     the manager; slower engines send fewer reports per second, so the fraction measured at 3 is the one
     a 3x faster machine would see at 1, and 256 instances at 12 send what 64 send at 3)."""
+    workers_per_process: int = 0
+    """Emulated workers sharing one process (rollout.hybrid.workers_per_process); 0: 1 up to 64
+    instances, 16 above (`default_workers_per_process`: 256 instances and 64 reserved engines as
+    processes of their own do not fit a 24 GB machine; the manager's side of every call is the same)."""
     stream_interval: int = 8
     seed: int = 0
     record: str = str(RECORD)
     """The figures on record (`RECORD`'s format), printed beside each count's; '' for none."""
 
     def validate(self) -> None:
+        if self.workers_per_process < 0:
+            raise ValueError(f"--workers-per-process must be >= 0 (0: by instance count), got {self.workers_per_process}")
         if self.record:
             load_record(self.record)  # a broken record is refused before the minutes of the run
 
@@ -82,6 +88,11 @@ def default_time_scale(instances: int) -> float:
     return 1.0 if instances <= 16 else 3.0 * instances / 64
 
 
+def default_workers_per_process(instances: int) -> int:
+    """1 (a process per worker, as a real run) up to 64 instances; 16 a process above."""
+    return 1 if instances <= 64 else 16
+
+
 def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
     results = []
     record = load_record(cfg.record) if cfg.record else []
@@ -89,9 +100,10 @@ def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
         scale = cfg.time_scale or default_time_scale(n)
         check = replace(scaled_config(n, CheckConfig(steps=cfg.steps, stream_interval=cfg.stream_interval,
                                                      seed=cfg.seed, time_scale=scale)),
-                        worker="rollout" if n <= 8 else "light")
+                        worker="rollout" if n <= 8 else "light",
+                        workers_per_process=cfg.workers_per_process or default_workers_per_process(n))
         if log:
-            log(f"{n} instances ({check.worker} workers, time_scale {scale:g}):")
+            log(f"{n} instances ({check.worker} workers, {check.workers_per_process} a process, time_scale {scale:g}):")
         steps, _, _, _, _ = run_emulation(check, log)
         wall = sum(s.step_s for s in steps)
         rollout = sum(s.rollout_s for s in steps)
@@ -101,7 +113,8 @@ def bench_control_plane(cfg: ControlPlaneBenchConfig, log=None) -> dict:
                         "driver_busy_fraction": sum(s.driver_cpu_s for s in steps) / wall,
                         "step_s": wall / len(steps), "rollout_s": rollout / len(steps),
                         "reports_per_s": sum(s.reports for s in steps) / rollout, "time_scale": scale,
-                        "worker": check.worker, "samples_per_step": steps[0].samples,
+                        "worker": check.worker, "workers_per_process": check.workers_per_process,
+                        "samples_per_step": steps[0].samples,
                         "on_record": last_on_record(record, n)})
     return {"config": dataclasses.asdict(cfg), "results": results}
 
@@ -120,5 +133,6 @@ def render(result: dict) -> Table:
     return table
 
 
-__all__ = ["RECORD", "ControlPlaneBenchConfig", "bench_control_plane", "default_time_scale", "last_on_record",
+__all__ = ["RECORD", "ControlPlaneBenchConfig", "bench_control_plane", "default_time_scale",
+           "default_workers_per_process", "last_on_record",
            "load_record", "render"]

@@ -173,6 +173,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
         provider="fixed" if cfg.colocated else cfg.provider,
         seed_window_s=cfg.seed_window_s * ts, max_pending=cfg.max_pending, respawn=True,
         heartbeat_interval_s=1.0, heartbeat_timeout_s=30.0, call_timeout_s=300.0,
+        workers_per_process=cfg.workers_per_process,
         trace=cfg.trace_config(wall=True), offload=cfg.offload_config(ts))
     hybrid.validate()
     cluster_cfg = ClusterConfig(weights=WeightsConfig(pull_timeout_s=300.0))
@@ -194,7 +195,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))
             if k == 0:
-                memory = worker_memory([h.pid for h in rollout.fleet.alive()])
+                memory = worker_memory(sorted({h.pid for h in rollout.fleet.alive()}))  # hosted workers share one
             if log:
                 e = steps[-1]
                 log(f"  step {k}: {e.step_s:.2f} s wall, rollout {e.rollout_s:.2f} s, T_seed {e.seed_s:.2f} s, "

@@ -76,6 +76,10 @@ class CheckConfig:
     worker: str = "rollout"
     """`rollout` (each worker holds the tiny model's skeleton: torch) or `light` (none: the worker's
     process never imports torch; what fits 64+ instances on one machine)."""
+    workers_per_process: int = 1
+    """rollout.hybrid.workers_per_process: emulated workers sharing one process (above 1: what fits 256
+    instances and their reserved engines on one machine; a fixed pool only: a trace's preemption would
+    tear a worker out of its process, not kill one)."""
     seed: int = 0
     """Workload seed, and the trace replay's choice of victims."""
     max_staleness: int = 0
@@ -93,6 +97,9 @@ class CheckConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.provider not in PROVIDERS:
             raise ValueError(f"provider={self.provider!r}; valid: {', '.join(PROVIDERS)}")
+        if self.workers_per_process < 1 or (self.workers_per_process > 1 and self.provider != "fixed"):
+            raise ValueError(f"workers_per_process must be >= 1, and 1 unless provider=fixed (a shared process "
+                             f"emulates no kill), got {self.workers_per_process} with provider={self.provider}")
         if self.segment not in SEGMENTS:
             raise ValueError(f"segment={self.segment!r}; valid: {', '.join(SEGMENTS)}")
         self.emulation().validate()

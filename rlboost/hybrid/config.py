@@ -63,6 +63,11 @@ class HybridConfig:
     measured tokens/s; an idle worker takes the executing samples beyond that batch size."""
     worker_threads: int = 1
     """torch threads per worker process."""
+    workers_per_process: int = 1
+    """Rollout workers sharing one process (`rlboost.hybrid.worker_host`): 1, a process each (a
+    preemption kills it). Above 1, a stand-in for benches of the control plane with emulated engines
+    (hundreds of instances on one machine): a preempted worker is torn out of its shared process, not
+    killed with it. Needs instances=processes, no GPUs and a provider other than ray_cluster."""
     heartbeat_interval_s: float = 1.0
     """An idle worker reports at least this often."""
     manager_cpu_share: float = 0.02
@@ -167,6 +172,13 @@ class HybridConfig:
             raise ValueError("rollout.hybrid.gpus_per_worker > 0 needs rollout.hybrid.instances=processes on one "
                              "machine (the Ray nodes instances=nodes starts offer no GPUs) or a cluster at "
                              "cluster.ray_address")
+        if not isinstance(self.workers_per_process, int) or self.workers_per_process < 1:
+            raise ValueError(f"rollout.hybrid.workers_per_process must be an integer >= 1, got {self.workers_per_process!r}")
+        if self.workers_per_process > 1 and (self.instances != "processes" or self.gpus_per_worker
+                                             or self.provider == "ray_cluster"):
+            raise ValueError("rollout.hybrid.workers_per_process > 1 (emulated workers sharing a process) needs "
+                             "rollout.hybrid.instances=processes, gpus_per_worker=0 and a provider other than "
+                             "ray_cluster: a real engine needs a process of its own")
         if not isinstance(self.max_unacked_reports, int) or self.max_unacked_reports < 0:
             raise ValueError(f"rollout.hybrid.max_unacked_reports must be an integer >= 0 (0: no backpressure), "
                              f"got {self.max_unacked_reports!r}")

@@ -36,10 +36,11 @@ from rlboost.cluster.placement import worker_options
 from rlboost.cluster.publisher import Publisher
 from rlboost.cluster.ray_cluster import Cluster
 from rlboost.hybrid.config import PREEMPT_WITH, HybridConfig
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, first_line
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, end_actor, first_line
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.token_ledger import ledger_path
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
+from rlboost.hybrid.worker_host import WorkerHosts
 from rlboost.run_log import event
 from rlboost.spot.meter import InstanceMeter
 
@@ -76,6 +77,8 @@ class Fleet:
         """Publishes the versions of a trainer in this process (sharded trainer ranks have their own)."""
         self.boot_failures: list[str] = []
         self._stopping = False
+        self.hosts = WorkerHosts(cfg.workers_per_process) if cfg.workers_per_process > 1 else None
+        """Processes that hold several workers each (rollout.hybrid.workers_per_process > 1), else None."""
         manager.table.on_retire = self._retire
         manager.table.on_dead = self._replace
         manager.reader.start()  # the report relay boots before any worker's boot queues ahead of it
@@ -149,6 +152,11 @@ class Fleet:
         except BaseException:
             self._ended(name)
             raise
+        if self.hosts is not None:  # a share of a process (the config refuses GPUs and nodes here)
+            instance, info_ref = self.hosts.place(name, instance.options(), self._spec_for(name))
+            with self._lock:
+                self.instances[name] = instance
+            return name, instance.actor, info_ref
         with self._lock:
             self.instances[name] = instance
         options = self._with_gpus(name, kind, {"num_cpus": 0, "max_concurrency": 8, "name": None} | instance.options(),
@@ -287,7 +295,7 @@ class Fleet:
     def _retire(self, handle: WorkerHandle) -> None:
         """The manager's `on_retire`: the instance holds nothing any more; end it and its node."""
         self._ended(handle.name)
-        ray.kill(handle.actor, no_restart=True)
+        end_actor(handle.actor)
         self._end_instance(handle.name)
 
     def billed_seconds(self) -> float:
@@ -304,6 +312,8 @@ class Fleet:
             instance.preempt()
         elif instance is not None:
             instance.end()
+        if self.hosts is not None:
+            self.hosts.release(name)
 
     def _ended(self, name: str) -> None:
         """Worker `name` is done for the books: off the meter, its GPUs' placement group removed."""
@@ -326,6 +336,8 @@ class Fleet:
             self._ended(name)
         for name in list(self.instances):
             self._end_instance(name)
+        if self.hosts is not None:
+            self.hosts.close()
 
     def _await_boot(self, name: str, info_ref):
         """Booting worker `name`'s info; gives up at call_timeout_s, or at once when the fleet stops."""

@@ -29,6 +29,8 @@ class WorkerHandle:
     kind: str
     """RESERVED or PREEMPTIBLE."""
     actor: object
+    """Its Ray actor, or a `HostedActor` (a worker sharing a process, `rlboost.hybrid.worker_host`):
+    called the same way; ended by `end_actor`."""
     pid: int
     node_id: str
     max_running: int
@@ -85,4 +87,45 @@ def first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-__all__ = ["PREEMPTIBLE", "RESERVED", "Call", "WorkerHandle", "WorkerState", "first_line"]
+class _HostedMethod:
+    """`host.<method>` of one hosted worker, as an actor method: `.remote(...)`, `.options(...)`."""
+
+    def __init__(self, host, name: str, method: str, options: dict):
+        self._host, self._name, self._method, self._options = host, name, method, options
+
+    def options(self, **options) -> _HostedMethod:
+        return _HostedMethod(self._host, self._name, self._method, self._options | options)
+
+    def remote(self, *args, **kwargs):
+        if self._method == "stream":
+            target, call_args = self._host.stream, (self._name, *args)
+        else:
+            target, call_args = self._host.call, (self._name, self._method, args, kwargs)
+        return (target.options(**self._options) if self._options else target).remote(*call_args)
+
+
+@dataclass(frozen=True)
+class HostedActor:
+    """A hosted worker, addressed as its own actor would be (picklable: it travels to the relay)."""
+
+    host: object
+    """The WorkerHost's Ray actor handle."""
+    name: str
+
+    def __getattr__(self, method: str) -> _HostedMethod:
+        if method.startswith("_"):  # pickling and copying ask for dunders: never a worker's call
+            raise AttributeError(method)
+        return _HostedMethod(self.host, self.name, method, {})
+
+
+def end_actor(actor) -> None:
+    """End a worker's actor: kill its process, or drop it from its host (a hosted one)."""
+    import ray
+
+    if isinstance(actor, HostedActor):
+        actor.host.drop.remote(actor.name)
+    else:
+        ray.kill(actor, no_restart=True)
+
+
+__all__ = ["PREEMPTIBLE", "RESERVED", "Call", "HostedActor", "WorkerHandle", "WorkerState", "end_actor", "first_line"]

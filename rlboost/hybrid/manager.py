@@ -30,7 +30,7 @@ from rlboost.cluster.config import WeightsConfig
 from rlboost.cluster.manifest import WeightManifest
 from rlboost.engine.sampling_params import SamplingParams
 from rlboost.hybrid.config import HybridConfig
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState, end_actor
 from rlboost.hybrid.liveness import Liveness
 from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.report_relay import RelayedReports
@@ -64,12 +64,10 @@ class RolloutManager:
     def add_worker(self, handle: WorkerHandle) -> bool:
         """Admit a started worker (from any thread, mid-step too). It pulls the current weights and
         becomes eligible once they verify. One serving another model is refused (False)."""
-        import ray
-
         why = self.pulls.refusal(handle)
         if why:
             self.pulls.stats.refused.append((handle.name, why))
-            ray.kill(handle.actor, no_restart=True)
+            end_actor(handle.actor)
             return False
         # at most max_unacked_reports ahead of the relay (Ray's backpressure; 0: none)
         self.reader.watch(handle, self.cfg.max_unacked_reports)

@@ -35,7 +35,7 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
-from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState
+from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, WorkerState, end_actor
 from rlboost.run_log import event
 
 
@@ -217,33 +217,27 @@ class WorkerTable:
 
     def retire(self, h: WorkerHandle, now: float) -> None:
         """End a worker given back: it holds nothing any more."""
-        import ray
-
         self.declare_dead(h, "released (beyond the instance cap)", now, released=True)
         if self.on_retire is not None:
             self.on_retire(h)
         else:
-            ray.kill(h.actor, no_restart=True)
+            end_actor(h.actor)
 
     def reap(self) -> list[WorkerHandle]:
         """Kill and forget workers declared dead (a fenced worker may still be running). Any thread."""
-        import ray
-
         with self.lock:
             dead = [h for h in self.workers.values() if not h.alive]
             for h in dead:
                 del self.workers[h.name]
         for h in dead:
-            ray.kill(h.actor, no_restart=True)
+            end_actor(h.actor)
         return dead
 
     def shutdown(self) -> None:
-        import ray
-
         with self.lock:
             handles, self.workers = list(self.workers.values()), {}
         for h in handles:
-            ray.kill(h.actor, no_restart=True)
+            end_actor(h.actor)
 
 
 def describe(h: WorkerHandle) -> str:
