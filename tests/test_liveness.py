@@ -85,3 +85,17 @@ def test_silence_counts_from_the_watchs_start_for_a_worker_with_no_ping_in_fligh
     idle = handle("idle")
     idle.last_report = 0.0  # its last report was long ago: no step read its stream since
     assert watch([idle], 100.0, 103.0) == []  # and it answers the watch's ping: alive
+
+
+def test_an_idle_worker_is_pinged_only_once_silent_past_the_heartbeat_it_sends_anyway():
+    """An idle worker's heartbeat comes every interval by its own clock and reaches the manager a relay's
+    hop and a turn later: pinged at one interval, every idle worker (64 reserved engines in a step's
+    rollout) would cost the manager's loop an actor call a second each. Past two intervals it is asked."""
+    h = handle("idle")
+    liveness = Liveness(INTERVAL_S, TIMEOUT_S, node_check_s=float("inf"))
+    h.last_report = 100.0
+    assert liveness.check([h], 101.3) == [] and h.ping is None  # a heartbeat late by a hop and a turn
+    h.last_report = 101.4  # ... which came
+    assert liveness.check([h], 103.0) == [] and h.ping is None
+    assert liveness.check([h], 103.5) == [] and h.ping is not None  # silent for two intervals: asked
+    assert Liveness(1.0, 2.0).ping_after_s == 1.5  # and always before the timeout declares it dead

@@ -5,9 +5,12 @@ Contract: `Liveness.watch_from(handles, now)` starts a watch (a step, a wait bet
 `Liveness.check(handles, now)` returns (handle, reason) for every worker to declare dead: its
 Ray node left the cluster (checked every `node_check_s`), a liveness ping failed, or it showed no sign
 of life (a report, or an answered ping) for `heartbeat_timeout_s`. A stream that has been quiet for
-`heartbeat_interval_s` gets a ping, which another thread of the worker answers even during a long
-engine step (a big prefill on one CPU thread): a quiet stream alone never kills a worker, and a broken
-stream is never the only death signal. Non-blocking; runs in the thread that owns the manager's state.
+twice `heartbeat_interval_s` (at most halfway from the interval to the timeout) gets a ping, which
+another thread of the worker answers even during a long engine step (a big prefill on one CPU
+thread): a quiet stream alone never kills a worker, and a broken stream is never the only death
+signal. Not after one interval: an idle worker's heartbeat comes every interval by its own clock, and
+reaches the manager a relay's hop and a turn later, so every idle worker would be pinged every
+interval (64 idle reserved engines: 64 actor calls a second from the manager's loop). Non-blocking; runs in the thread that owns the manager's state.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ NODE_CHECK_S = 1.0
 class Liveness:
     def __init__(self, heartbeat_interval_s: float, heartbeat_timeout_s: float, node_check_s: float = NODE_CHECK_S):
         self.interval_s, self.timeout_s, self.node_check_s = heartbeat_interval_s, heartbeat_timeout_s, node_check_s
+        self.ping_after_s = min(2 * heartbeat_interval_s, (heartbeat_interval_s + heartbeat_timeout_s) / 2)
+        """Silence after which a worker is pinged: past the heartbeat an idle worker sends anyway."""
         self._last_node_check = 0.0
 
     def watch_from(self, handles: list[WorkerHandle], now: float) -> None:
@@ -56,7 +61,7 @@ class Liveness:
                 h.ping = None
             if now - h.last_report > self.timeout_s:
                 dead.append((h, f"no sign of life for {now - h.last_report:.1f}s (rollout.hybrid.heartbeat_timeout_s)"))
-            elif h.ping is None and now - h.last_report > self.interval_s:
+            elif h.ping is None and now - h.last_report > self.ping_after_s:
                 h.ping = Call(h.actor.ping.remote(), now)
         if live and now - self._last_node_check >= self.node_check_s:  # no worker, no node to look for
             self._last_node_check = now
