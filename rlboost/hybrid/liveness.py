@@ -15,7 +15,7 @@ interval (64 idle reserved engines: 64 actor calls a second from the manager's l
 
 from __future__ import annotations
 
-from rlboost.hybrid.handles import Call, WorkerHandle, first_line
+from rlboost.hybrid.handles import Call, WorkerHandle, WorkerState, first_line
 
 NODE_CHECK_S = 1.0
 
@@ -47,10 +47,13 @@ class Liveness:
         import ray
 
         dead: list[tuple[WorkerHandle, str]] = []
-        live = [h for h in handles if h.alive]
+        live = [h for h in handles if h.state is not WorkerState.DEAD]
         pings = [h.ping.ref for h in live if h.ping is not None]
         answered = set(ray.wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
+        heard_since = now - self.ping_after_s
         for h in live:
+            if h.ping is None and h.last_report >= heard_since:
+                continue  # heard from lately (most workers, every check): nothing to decide
             if h.ping is not None and h.ping.ref in answered:
                 try:
                     ray.get(h.ping.ref)
