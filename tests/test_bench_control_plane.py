@@ -61,3 +61,18 @@ def test_a_broken_record_is_refused_in_one_line_before_the_run(tmp_path, content
 
 def test_the_default_time_scale_keeps_the_report_rate_of_64_instances_at_3():
     assert [control_plane.default_time_scale(n) for n in (4, 16, 64, 256)] == [1.0, 1.0, 3.0, 12.0]
+
+
+def test_the_emulated_workers_report_on_modelled_time():
+    """Heartbeats and report delays scale with time_scale as every other time of the emulation does: at
+    12 an idle worker heartbeating every wall second would send 12 a modelled second, inflating the
+    report rate the manager's loop is measured at (64 idle reserved engines at 256 instances)."""
+    from rlboost.bench.emulated_run import runtime_config
+    from rlboost.bench.emulation import CheckConfig
+    from rlboost.hybrid.config import HybridConfig
+
+    one, twelve = runtime_config(CheckConfig(time_scale=1.0)), runtime_config(CheckConfig(time_scale=12.0))
+    assert one.heartbeat_interval_s == HybridConfig().heartbeat_interval_s  # at 1, the runtime's own
+    assert twelve.heartbeat_interval_s == 12 * one.heartbeat_interval_s
+    assert twelve.heartbeat_timeout_s == 12 * one.heartbeat_timeout_s
+    assert twelve.report_delay_s == pytest.approx(12 * one.report_delay_s)

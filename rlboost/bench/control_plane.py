@@ -38,7 +38,8 @@ class ControlPlaneBenchConfig:
     """Wall seconds per modelled second; 0: 1 up to 16 instances, 3 at 64, in proportion above 16
     (`default_time_scale`: 64 emulated engines at the modelled H100 speed do not fit on 2 cores beside
     the manager; slower engines send fewer reports per second, so the fraction measured at 3 is the one
-    a 3x faster machine would see at 1, and 256 instances at 12 send what 64 send at 3)."""
+    a 3x faster machine would see at 1, and 256 instances at 12 send what 64 send at 3; the workers'
+    heartbeats and report delays scale with it too, `rlboost.bench.emulated_run.runtime_config`)."""
     workers_per_process: int = 0
     """Emulated workers sharing one process (rollout.hybrid.workers_per_process); 0: 1 up to 64
     instances, 16 above (`default_workers_per_process`: 256 instances and 64 reserved engines as

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from rlboost.bench.emulation_config import EOS, TINY_MODEL, CheckConfig
+from rlboost.hybrid.config import HybridConfig
 from rlboost.models.config import ModelConfig
 from rlboost.sim.emulated import FIRST_TOKEN, EmulatedEngines, EmulationConfig, logprob_at, token_at, workload_seed
 from rlboost.sim.workload import Workload
@@ -150,6 +151,22 @@ def worker_memory(pids: list[int]) -> dict:
             "worker_private_mb": sum(private) / len(private), "workers_with_torch": torch_loaded}
 
 
+def runtime_config(cfg: CheckConfig) -> HybridConfig:
+    """The runtime's settings for the emulated run: its times in wall seconds, modelled ones x time_scale.
+    The workers' reporting clocks are modelled seconds too, as every other time here: at time_scale 12 an
+    idle worker's heartbeat every wall second would be 12 a modelled second, and 64 idle reserved
+    engines' heartbeats a sixth of the reports the manager handles at 256 instances."""
+    ts, defaults = cfg.time_scale, HybridConfig()
+    return HybridConfig(
+        num_reserved=cfg.reserved_engines, num_preemptible=0 if cfg.colocated else cfg.instances,
+        provider="fixed" if cfg.colocated else cfg.provider,
+        seed_window_s=cfg.seed_window_s * ts, max_pending=cfg.max_pending, respawn=True,
+        heartbeat_interval_s=defaults.heartbeat_interval_s * ts, heartbeat_timeout_s=30.0 * ts,
+        report_delay_s=defaults.report_delay_s * ts, call_timeout_s=300.0,
+        workers_per_process=cfg.workers_per_process,
+        trace=cfg.trace_config(wall=True), offload=cfg.offload_config(ts))
+
+
 def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float, float, float, dict]:
     """Run the steps on the real runtime with emulated workers. Returns (steps, modelled provisioning
     time of the instances that joined, wall seconds to the first step, wall seconds in all, the
@@ -157,7 +174,6 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     from rlboost.cluster.config import ClusterConfig, WeightsConfig
     from rlboost.cluster.ray_cluster import Cluster
     from rlboost.engine import EngineConfig, SamplingParams
-    from rlboost.hybrid.config import HybridConfig
     from rlboost.hybrid.rollout import HybridRollout
     from rlboost.hybrid.worker import WorkerSpec
     from rlboost.models import ModelConfig
@@ -168,18 +184,13 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     emu = cfg.emulation()
     _, train = emu.profiles()
     train_gpus = cfg.reserved_engines * emu.profiles()[0].tp
-    hybrid = HybridConfig(
-        num_reserved=cfg.reserved_engines, num_preemptible=0 if cfg.colocated else cfg.instances,
-        provider="fixed" if cfg.colocated else cfg.provider,
-        seed_window_s=cfg.seed_window_s * ts, max_pending=cfg.max_pending, respawn=True,
-        heartbeat_interval_s=1.0, heartbeat_timeout_s=30.0, call_timeout_s=300.0,
-        workers_per_process=cfg.workers_per_process,
-        trace=cfg.trace_config(wall=True), offload=cfg.offload_config(ts))
+    hybrid = runtime_config(cfg)
     hybrid.validate()
     cluster_cfg = ClusterConfig(weights=WeightsConfig(pull_timeout_s=300.0))
     spec = WorkerSpec(ModelConfig(path=TINY_MODEL),
                       EngineConfig(device="cpu", max_num_seqs=cfg.max_num_seqs, stream_interval=cfg.stream_interval),
-                      eos_token_ids=[EOS], engine_factory=EmulatedEngines(emu, _tiny_fingerprint()))
+                      eos_token_ids=[EOS], heartbeat_interval_s=hybrid.heartbeat_interval_s,
+                      engine_factory=EmulatedEngines(emu, _tiny_fingerprint()))
     params = SamplingParams(temperature=1.0, max_tokens=emu.lengths().max_response)
     steps: list[EmulatedStep] = []
     provision: list[float] = []
