@@ -69,7 +69,8 @@ def light_spec(heartbeat_s: float = 0.05):
     from rlboost.sim.workload import WorkloadConfig
 
     workload = WorkloadConfig(prompts_per_step=4, samples_per_prompt=8, prompt_len=len(PROMPT))
-    emulation = EmulationConfig(workload=workload, length_scale=1 / 16, max_num_seqs=16, time_scale=0.02, worker="light")
+    emulation = EmulationConfig(workload=workload, length_scale=1 / 16, max_num_seqs=16, time_scale=0.02,
+                                worker="light")
     return WorkerSpec(ModelConfig(path="tiny:qwen2"), EngineConfig(device="cpu"), eos_token_ids=[EOS],
                       heartbeat_interval_s=heartbeat_s, engine_factory=EmulatedEngines(emulation, _tiny_fingerprint()))
 

@@ -51,7 +51,8 @@ class ControlPlaneBenchConfig:
 
     def validate(self) -> None:
         if self.workers_per_process < 0:
-            raise ValueError(f"--workers-per-process must be >= 0 (0: by instance count), got {self.workers_per_process}")
+            raise ValueError(f"--workers-per-process must be >= 0 (0: by instance count), "
+                             f"got {self.workers_per_process}")
         if self.record:
             load_record(self.record)  # a broken record is refused before the minutes of the run
 

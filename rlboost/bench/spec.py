@@ -8,11 +8,11 @@ engine and by the engine with the HistoSpec drafter, taking turns on each worklo
     (the previous epoch's responses, as in training).
 Batch 1 is measured over `batch1_requests` prompts one at a time (a wave each); larger batches over
 the first `batch` prompts together (one wave); each `turns` times, plain and speculating taking turns
-wave by wave (counterbalanced: plain, spec, spec, plain, ...), each pair of turns on seeds of its own (a vLLM row then averages its samples'
-lengths). tokens/s counts generated
-tokens over wall time (prefill included, the same for both); every engine generates a few tokens
-before the first turn (vLLM's first steps are several times slower). `accepted_per_verify` is the mean
-accepted draft tokens per request per verification; `spec_step_fraction` the share of decode steps that
+wave by wave (counterbalanced: plain, spec, spec, plain, ...), each pair of turns on seeds of its own
+(a vLLM row then averages its samples' lengths). tokens/s counts generated tokens over wall time
+(prefill included, the same for both); every engine generates a few tokens before the first turn
+(vLLM's first steps are several times slower). `accepted_per_verify` is the mean accepted draft tokens
+per request per verification; `spec_step_fraction` the share of decode steps that
 verified drafts (the budget turns speculation off where it measures it slower); `identical` the share
 of responses equal to the plain ones.
 Each of `drafters` takes its turn as HistoSpec's drafter (`rollout.histospec.drafter`; `suffix_tree`
@@ -256,7 +256,8 @@ def _measure(cfg, condition, pairs, vllm, prompts, stores) -> list[dict]:
                 "verify_cost": stats.verify_s / stats.plain_equivalent_s if stats.plain_equivalent_s else None})
         for method, engine in (vllm.methods.items() if vllm else ()):
             before = dataclasses.replace(engine.vllm_spec)
-            base, timed = _turns(cfg.turns, len(waves), lambda turn, wave: _timed(vllm.plain, waves[wave], params, turn),
+            base, timed = _turns(cfg.turns, len(waves),
+                                 lambda turn, wave: _timed(vllm.plain, waves[wave], params, turn),
                                  lambda turn, wave, engine=engine: _timed(engine, waves[wave], params, turn))
             drafts, accepted = engine.vllm_spec.drafts - before.drafts, engine.vllm_spec.accepted - before.accepted
             out.append(where | {"backend": "vllm", "drafter": f"vllm:{method}"} | _compared(base, timed) | {

@@ -173,7 +173,8 @@ class HybridConfig:
                              "machine (the Ray nodes instances=nodes starts offer no GPUs) or a cluster at "
                              "cluster.ray_address")
         if not isinstance(self.workers_per_process, int) or self.workers_per_process < 1:
-            raise ValueError(f"rollout.hybrid.workers_per_process must be an integer >= 1, got {self.workers_per_process!r}")
+            raise ValueError(f"rollout.hybrid.workers_per_process must be an integer >= 1, "
+                             f"got {self.workers_per_process!r}")
         if self.workers_per_process > 1 and (self.instances != "processes" or self.gpus_per_worker
                                              or self.provider == "ray_cluster"):
             raise ValueError("rollout.hybrid.workers_per_process > 1 (emulated workers sharing a process) needs "

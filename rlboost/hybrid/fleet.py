@@ -40,7 +40,7 @@ from rlboost.hybrid.handles import PREEMPTIBLE, RESERVED, WorkerHandle, end_acto
 from rlboost.hybrid.manager import RolloutManager
 from rlboost.hybrid.token_ledger import ledger_path
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
-from rlboost.hybrid.worker_host import WorkerHosts
+from rlboost.hybrid.worker_host import THREADS_PER_WORKER, WorkerHosts
 from rlboost.run_log import event
 from rlboost.spot.meter import InstanceMeter
 
@@ -159,8 +159,8 @@ class Fleet:
             return name, instance.actor, info_ref
         with self._lock:
             self.instances[name] = instance
-        options = self._with_gpus(name, kind, {"num_cpus": 0, "max_concurrency": 8, "name": None} | instance.options(),
-                                  node_id)
+        own_process = {"num_cpus": 0, "max_concurrency": THREADS_PER_WORKER, "name": None}
+        options = self._with_gpus(name, kind, own_process | instance.options(), node_id)
         actor = WorkerActor.options(**options).remote(self._spec_for(name))
         return name, actor, actor.info.remote()
 

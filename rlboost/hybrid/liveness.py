@@ -10,12 +10,13 @@ another thread of the worker answers even during a long engine step (a big prefi
 thread): a quiet stream alone never kills a worker, and a broken stream is never the only death
 signal. Not after one interval: an idle worker's heartbeat comes every interval by its own clock, and
 reaches the manager a relay's hop and a turn later, so every idle worker would be pinged every
-interval (64 idle reserved engines: 64 actor calls a second from the manager's loop). Non-blocking; runs in the thread that owns the manager's state.
+interval (64 idle reserved engines: 64 actor calls a second from the manager's loop).
+Non-blocking; runs in the thread that owns the manager's state.
 """
 
 from __future__ import annotations
 
-from rlboost.hybrid.handles import Call, WorkerHandle, WorkerState, first_line
+from rlboost.hybrid.handles import Call, WorkerHandle, first_line
 
 NODE_CHECK_S = 1.0
 
@@ -47,7 +48,7 @@ class Liveness:
         import ray
 
         dead: list[tuple[WorkerHandle, str]] = []
-        live = [h for h in handles if h.state is not WorkerState.DEAD]
+        live = [h for h in handles if h.alive]
         pings = [h.ping.ref for h in live if h.ping is not None]
         answered = set(ray.wait(pings, num_returns=len(pings), timeout=0)[0]) if pings else set()
         heard_since = now - self.ping_after_s

@@ -29,7 +29,8 @@ from rlboost.hybrid.wire import WorkerInfo, WorkerReport
 from rlboost.hybrid.worker import RolloutWorker, WorkerSpec
 
 THREADS_PER_WORKER = 8
-"""A host's actor threads per worker it holds: what a worker actor of its own gets (`Fleet._launch`)."""
+"""Actor threads per worker: a worker actor of its own has this many (`Fleet._launch`), a host this
+many per worker it holds (its stream's thread, pings and control calls beside a long engine step)."""
 
 
 class WorkerDropped(RuntimeError):
@@ -127,12 +128,13 @@ class WorkerHosts:
 
         key = repr(sorted(placement.items()))
         with self._lock:
-            host = next((actor for k, actor, names in self._hosts if k == key and len(names) < self.per_process), None)
-            if host is None:
+            entry = next((e for e in self._hosts if e[0] == key and len(e[2]) < self.per_process), None)
+            if entry is None:
                 options = placement | {"num_cpus": 0, "max_concurrency": THREADS_PER_WORKER * self.per_process}
-                host = ray.remote(WorkerHost).options(**options).remote()
-                self._hosts.append((key, host, set()))
-            next(names for _, actor, names in self._hosts if actor is host).add(name)
+                entry = (key, ray.remote(WorkerHost).options(**options).remote(), set())
+                self._hosts.append(entry)
+            _, host, names = entry
+            names.add(name)
         actor = HostedActor(host, name)
         return HostedInstance(name, actor, placement), host.add.remote(name, spec)
 
@@ -152,4 +154,4 @@ class WorkerHosts:
             ray.kill(actor, no_restart=True)
 
 
-__all__ = ["HostedInstance", "WorkerDropped", "WorkerHost", "WorkerHosts"]
+__all__ = ["THREADS_PER_WORKER", "HostedInstance", "WorkerDropped", "WorkerHost", "WorkerHosts"]
