@@ -11,6 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
+from rlboost.engine.sequence import StreamChunk
 from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.rollout.sample import Sample
 from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
@@ -48,8 +49,12 @@ class Script:
     def __init__(self, lengths: dict[str, int], groups: dict[str, int], *, interval: int = 4,
                  seed_window_s: float | None = 1.0, max_pending: int = 2, order: list[str] | None = None,
                  config: StepConfig | None = None, overruns=None, longest_pull_s: float = 0.0, version: int = 0,
-                 balancer: Balancer | None = None, outlook=None, expected=None, ahead: bool = False):
-        self.lengths, self.interval, self.version = lengths, interval, version
+                 balancer: Balancer | None = None, outlook=None, expected=None, ahead: bool = False,
+                 batched: bool = False):
+        """`batched`: a worker's chunks of one `generate` reach the state in one `chunks` call, as a
+        report's do in the runtime; otherwise each in a `chunk` call of its own, as in the simulator."""
+        self.lengths, self.interval, self.version, self.batched = lengths, interval, version, batched
+        self._report: list[StreamChunk] = []
         self.samples = {uid: Sample(uid=uid, prompt_ids=[1, 2, 3]) for uid in lengths}
         self.state = StepState([(uid, groups[uid], self.samples[uid]) for uid in lengths], version=version,
                                seed_window_s=seed_window_s, now=0.0, dispatcher=JSQDispatcher(max_pending),
@@ -130,18 +135,27 @@ class Script:
             finished = r.held + r.generated == length
             while r.generated - r.streamed >= self.interval or (finished and r.streamed < r.generated):
                 n = min(self.interval, r.generated - r.streamed)
-                self.chunk(name, r, n, finished and r.streamed + n == r.generated)
+                self.chunk(name, r, n, finished and r.streamed + n == r.generated, send=not self.batched)
             if finished:
                 del w.requests[rid]
+        if self._report:
+            report, self._report = self._report, []
+            self.state.chunks(name, report, self.now)
 
-    def chunk(self, name: str, r: FakeRequest, n: int, finished: bool, version: int | None = None) -> None:
+    def chunk(self, name: str, r: FakeRequest, n: int, finished: bool, version: int | None = None,
+              send: bool = True) -> None:
+        """Stream `n` tokens of `r`: to the state now, or (not `send`) into the report `generate` sends."""
         start = r.held + r.streamed
         tokens = expected_tokens(r.uid, self.lengths[r.uid])[start:start + n]
         logprobs = expected_logprobs(r.uid, self.lengths[r.uid])[start:start + n]
         held = self.workers[name].version
         version = version if version is not None else held if held is not None else self.version
-        self.state.chunk(name, r.request_id, r.streamed, n, version, finished, self.now, "stop" if finished else None,
-                         tokens, logprobs)
+        if send:
+            self.state.chunk(name, r.request_id, r.streamed, n, version, finished, self.now,
+                             "stop" if finished else None, tokens, logprobs)
+        else:
+            self._report.append(StreamChunk(r.request_id, tokens, logprobs, r.streamed, finished,
+                                            "stop" if finished else None, version))
         r.streamed += n
 
     def answer(self, abort: Abort | None = None) -> None:

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from rlboost.engine.sequence import StreamChunk
 from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, Partial, ReleaseReserved, StepConfig, StepError, StepState, Submit)
 from step_script import Script, step, submitted
 
@@ -457,11 +458,12 @@ class Ungated(StepState):
         return super().decide(now)
 
 
-def random_script(seed: int, state_class=StepState) -> Script:
+def random_script(seed: int, state_class=StepState, batched: bool = False) -> Script:
     rng = random.Random(seed)
     lengths = {f"{g}:{j}": rng.randint(1, 40) for g in range(rng.randint(2, 5)) for j in range(rng.randint(1, 4))}
     s = Script(lengths, {uid: int(uid.split(":")[0]) for uid in lengths}, interval=rng.choice([1, 3, 4]),
-               seed_window_s=rng.choice([None, 0.0, 0.3]), max_pending=rng.randint(0, 2), longest_pull_s=0.2)
+               seed_window_s=rng.choice([None, 0.0, 0.3]), max_pending=rng.randint(0, 2), longest_pull_s=0.2,
+               batched=batched)
     if state_class is not StepState:  # the same inputs, another class
         s.state.__class__ = state_class
     s.reserved("r0", max_running=rng.randint(2, 6))
@@ -524,6 +526,33 @@ def test_the_gated_decisions_are_the_ungated_ones(seed):
     gated, ungated = random_script(seed), random_script(seed, Ungated)
     assert play(gated, seed) == play(ungated, seed)
     gated.assert_exact()
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_a_reports_chunks_at_once_are_the_same_events_as_one_by_one(seed):
+    # The runtime hands the state a report's chunks in one `chunks` call, the simulator each in a
+    # `chunk` call: through kills, notices, late aborts and finishes inside a report, the same commands,
+    # the same tokens and the same counters.
+    one_by_one, reports = random_script(seed), random_script(seed, batched=True)
+    assert play(one_by_one, seed) == play(reports, seed)
+    reports.assert_exact()
+    assert reports.state.stats == one_by_one.state.stats
+    assert ({n: w.tokens for n, w in reports.state.workers.items()}
+            == {n: w.tokens for n, w in one_by_one.state.workers.items()})
+
+
+def test_a_fenced_workers_report_is_counted_and_dropped_whole():
+    s = Script({"a": 12, "b": 12}, {"a": 0, "b": 0}, interval=4, seed_window_s=None, batched=True)
+    s.join("p0")
+    s.decide()
+    s.generate("p0", 4)
+    assert s.state.tracked["a"].tokens == s.state.tracked["b"].tokens == 4
+    running = list(s.workers["p0"].requests)
+    s.kill("p0")
+    before = s.state.stats.fenced_tokens_dropped
+    s.state.chunks("p0", [StreamChunk(rid, [5] * 4, [-0.1] * 4, 4, False, None, 0) for rid in running], 1.0)
+    assert s.state.stats.fenced_tokens_dropped - before == 8
+    assert s.state.tracked["a"].tokens == s.state.tracked["b"].tokens == 4
 
 
 def test_the_simulator_and_the_runtime_decide_nothing_of_their_own():

@@ -388,11 +388,11 @@ class StepRun(StepCommands):
             h.generated = report.generated
             if report.batch_size and report.step_s > 0:
                 state.observe(h.name, report.batch_size, report.batch_size / report.step_s)
-        for c in report.chunks:  # a fenced worker's are counted and dropped by the state
-            state.chunk(h.name, c.request_id, c.offset, len(c.token_ids), c.weight_version, c.finished, now,
-                        c.finish_reason, c.token_ids, c.logprobs)
-            if self.siblings is not None and (track := state.tracked.get(c.request_id.rpartition("#")[0])):
-                self.siblings.tokens_of(track.group)
+        state.chunks(h.name, report.chunks, now)  # a fenced worker's are counted and dropped by the state
+        if self.siblings is not None:
+            for c in report.chunks:
+                if track := state.tracked.get(c.request_id.rpartition("#")[0]):
+                    self.siblings.tokens_of(track.group)
 
     def _progress(self, name: str) -> dict[str, int]:
         """The StepState's `progress`: the tokens each of the worker's requests had generated, as its last

@@ -10,10 +10,11 @@ Contract:
 - Events in, each with the shell's `now` (monotonic seconds in the runtime, simulated seconds in the
   simulator); nothing inside reads a clock, starts a thread or touches Ray or torch:
   `join` / `pulling` / `ready` / `notice` / `retire` / `dead` / `replacing` for workers, `chunk` for
-  streamed tokens, `aborted` for the exact partial outputs an abort returned, `observe` for a decode
-  throughput observation, `end_window` for a seeding window ended by an event rather than its time;
-  with `StepConfig.max_staleness` k > 0, `advance` for a version the trainer published while the step
-  runs and `seed` for the window of a step started ahead of its trainer (`rlboost.rollout.step_seeding`).
+  streamed tokens (`chunks`: a report's at once; both `rlboost.rollout.step_tokens`'), `aborted` for
+  the exact partial outputs an abort returned, `observe` for a decode throughput observation,
+  `end_window` for a seeding window ended by an event rather than its time; with
+  `StepConfig.max_staleness` k > 0, `advance` for a version the trainer published while the step runs
+  and `seed` for the window of a step started ahead of its trainer (`rlboost.rollout.step_seeding`).
 - Commands out: `decide(now)` runs the step's decisions (end of the seeding window, capacity,
   dispatch, balancing) and returns every command issued since the last call, in order: `Submit`,
   `Abort`, `Retire`, `ReleaseReserved`, `GroupDone`. A shell executes them in order. An abort's answer
@@ -50,11 +51,13 @@ from rlboost.rollout.sample_ledger import SampleLedger
 from rlboost.rollout.step_gates import DecisionGates
 from rlboost.rollout.step_placement import StepPlacement
 from rlboost.rollout.step_seeding import StepSeeding
+from rlboost.rollout.step_tokens import StepTokens
 
 
-class StepState(StepSeeding, StepPlacement):
+class StepState(StepSeeding, StepPlacement, StepTokens):
     """See the module docstring; the seeding window and its hand-off are `StepSeeding`'s, the placement
-    decisions (dispatch, the colocated fallback, rebalancing) `StepPlacement`'s."""
+    decisions (dispatch, the colocated fallback, rebalancing) `StepPlacement`'s, the tokens (chunks,
+    aborts' outputs, finishes) `StepTokens`'."""
 
     def __init__(self, samples: Iterable[tuple[str, int, object | None]], *, version: int,
                  seed_window_s: float | None, now: float, dispatcher: JSQDispatcher, balancer: Balancer,
@@ -73,8 +76,9 @@ class StepState(StepSeeding, StepPlacement):
         sooner than staying colocated (`rlboost.policies.handoff`); None: it happens at the window's
         end whatever they can do (the paper's controller). `ahead`: started ahead of its trainer
         (max_staleness > 0): the reserved resources are the trainer's until `seed` brings the reserved
-        workers, so with no worker yet the step waits for one instead of failing. `expected`: uid -> the response length its
-        prompt's history expects (HistoPipe's; None: no history), for what a notice may leave running."""
+        workers, so with no worker yet the step waits for one instead of failing. `expected`: uid -> the
+        response length its prompt's history expects (HistoPipe's; None: no history), for what a notice
+        may leave running."""
         self.config = config or StepConfig()
         self.config.validate()
         self.dispatcher, self.balancer = dispatcher, balancer
@@ -243,68 +247,6 @@ class StepState(StepSeeding, StepPlacement):
         if w is not None:
             w.profile.observe(batch_size, tokens_per_s)
 
-    # ---- events: tokens ------------------------------------------------------------------------------
-
-    def chunk(self, worker: str, request_id: str, offset: int, count: int, version: int, finished: bool,
-              now: float, finish_reason: str | None = None, token_ids: Sequence[int] | None = None,
-              logprobs: Sequence[float] | None = None) -> None:
-        """`count` tokens of `request_id` from `worker`, the first at `offset` of the attempt's response.
-        The runtime passes the tokens themselves; the simulator only the count."""
-        w = self.workers.get(worker)
-        stats = self.stats
-        if w is None or not w.alive:
-            stats.fenced_tokens_dropped += count
-            return
-        track = self.ledger.attempt(request_id, worker)
-        if track is None:
-            stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
-            return
-        self.ledger.check_chunk(track, offset, version)
-        self.now = now
-        self._accept(track, w, count, version, token_ids, logprobs)
-        stats.received[request_id] += count
-        if finished:
-            self._finish(track, w, finish_reason)
-
-    def aborted(self, abort_id: int, partials: Mapping[str, Partial], now: float) -> None:
-        """The answer to `Abort(abort_id)`: the exact partial output of each request still running
-        there (those absent finished meanwhile; their last chunk is on its way). The samples continue
-        from there: back to the dispatcher, or straight onto the rebalance's target."""
-        self.now = now
-        pa = self._aborts.pop(abort_id, None)
-        if pa is None:
-            return  # its worker died meanwhile: the samples were requeued then
-        self._handoffs.discard(abort_id)
-        self._changed()  # even with nothing moved: the balancer may now ask for the same moves again
-        w = self.workers[pa.worker]
-        if pa.load is not None:  # a refresh: the worker swapped the new version in before answering
-            w.version, w.swapping = pa.load, None
-            self._changed(members=True)
-        moved = []
-        for request_id, uid in pa.requests.items():  # in the order taken back, whatever the answer's order
-            partial = partials.get(request_id)
-            track = self.tracked[uid]
-            if partial is None or track.state is not SampleState.RUNNING or track.request_id != request_id:
-                continue
-            extra = self.ledger.check_partial(track, partial)
-            if extra:
-                received = track.tokens - track.base
-                self._accept(track, w, extra, partial.version,
-                             partial.token_ids[received:] if partial.token_ids is not None else None,
-                             partial.logprobs[received:] if partial.logprobs is not None else None)
-                self.stats.received[request_id] += extra
-            w.assigned.discard(uid)
-            w.holding_changed(self.now)
-            self.ledger.requeue(track)
-            self.stats.migrated[pa.reason] += 1
-            moved.append(uid)
-        target = self.workers.get(pa.target) if pa.target is not None else None
-        if moved and target is not None and self._eligible(target):
-            moved_set = set(moved)
-            self.ledger.pending = deque(uid for uid in self.pending if uid not in moved_set)
-            self._submit(target, moved)
-        self._retire_if_empty(w)
-
     # ---- decisions -----------------------------------------------------------------------------------
 
     def decide(self, now: float) -> list[Command]:
@@ -413,34 +355,6 @@ class StepState(StepSeeding, StepPlacement):
                 and not any(pa.worker == w.name for pa in self._aborts.values())):
             w.retired = True
             self._commands.append(Retire(w.name))
-
-    def _accept(self, track: Tracked, w: Worker, count: int, version: int, token_ids, logprobs) -> None:
-        self.ledger.accept(track, count, version, token_ids, logprobs)
-        w.tokens += count
-        self.stats.tokens_by_kind[w.kind] += count
-        self.stats.tokens_by_worker[w.name] += count
-
-    def _finish(self, track: Tracked, w: Worker, reason: str | None) -> None:
-        group_done = self.ledger.finish(track, reason)
-        w.assigned.discard(track.uid)
-        w.holding_changed(self.now)
-        self._changed()
-        if not w.assigned:
-            w.last_finish = self.now
-            self._retire_if_empty(w)
-        if group_done:
-            self._commands.append(GroupDone(track.group))
-        if self.ledger.all_finished:
-            self._complete()
-
-    def _complete(self) -> None:
-        """The last sample finished: the step's timings are final from here on."""
-        self.done = True
-        # without a hand-off the reserved workers generated it all
-        self.stats.close(self.workers.values(), self.now - self.t0, seeded_all=self.seeding, now=self.now)
-        if self.seeding:
-            self.stats.seed_s = self.now - self._seed_from
-        self.seeding = False
 
 
 __all__ = ["MIGRATIONS", "PREEMPTIBLE", "RESERVED", "Abort", "Command", "GroupDone", "Partial", "ReleaseReserved",
