@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-from rlboost.engine.sequence import StreamChunk
+from rlboost.engine.sequence import ChunkColumns, StreamChunk
 from rlboost.policies import Balancer, JSQDispatcher
 from rlboost.rollout.sample import Sample
 from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, Partial, ReleaseReserved, Retire,
@@ -140,7 +140,7 @@ class Script:
                 del w.requests[rid]
         if self._report:
             report, self._report = self._report, []
-            self.state.chunks(name, report, self.now)
+            self.state.chunks(name, ChunkColumns.of(report), self.now)
 
     def chunk(self, name: str, r: FakeRequest, n: int, finished: bool, version: int | None = None,
               send: bool = True) -> None:

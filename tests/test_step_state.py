@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from rlboost.engine.sequence import StreamChunk
+from rlboost.engine.sequence import ChunkColumns, StreamChunk
 from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, Partial, ReleaseReserved, StepConfig, StepError, StepState, Submit)
 from step_script import Script, step, submitted
 
@@ -550,7 +550,8 @@ def test_a_fenced_workers_report_is_counted_and_dropped_whole():
     running = list(s.workers["p0"].requests)
     s.kill("p0")
     before = s.state.stats.fenced_tokens_dropped
-    s.state.chunks("p0", [StreamChunk(rid, [5] * 4, [-0.1] * 4, 4, False, None, 0) for rid in running], 1.0)
+    s.state.chunks("p0", ChunkColumns.of(StreamChunk(rid, [5] * 4, [-0.1] * 4, 4, False, None, 0) for rid in running),
+                   1.0)
     assert s.state.stats.fenced_tokens_dropped - before == 8
     assert s.state.tracked["a"].tokens == s.state.tracked["b"].tokens == 4
 

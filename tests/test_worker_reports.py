@@ -75,3 +75,31 @@ def test_a_hybrid_worker_drafts_with_the_configured_drafter(drafter):
     spec = WorkerSpec(ModelConfig(path="tiny:qwen2"), EngineConfig(device="cpu"), eos_token_ids=[],
                       histospec=HistoSpecConfig(enabled=True, drafter=drafter))
     assert type(RolloutWorker(spec).engine.drafter) is {"ngram": Drafter, "suffix": SuffixDrafter}[drafter]
+
+
+def test_a_reports_chunks_cross_the_wire_as_columns_and_come_back_the_same():
+    # A report carries its chunks as columns (ChunkColumns): pickled and unpickled, as Ray moves it,
+    # iterating it gives every chunk back, in order, with its tokens, log-probs, offset and finish.
+    import pickle
+
+    from rlboost.engine.sequence import ChunkColumns, StreamChunk
+
+    w = worker(0.0)
+    w.submit([(f"r{i}", [3 + i, 5, 7], SamplingParams(temperature=1.0, max_tokens=5 + 3 * i, ignore_eos=True, seed=i),
+               3) for i in range(3)])
+    stream, sent = w.stream(), []
+    while not any(c.finished and c.request_id == "r2" for c in sent):
+        report = next(stream)
+        assert isinstance(report.chunks, ChunkColumns)
+        got = pickle.loads(pickle.dumps(report))
+        assert list(got.chunks) == list(report.chunks) and got.chunks.ends() == report.chunks.ends()
+        sent += list(got.chunks)
+    for i in range(3):
+        mine = [c for c in sent if c.request_id == f"r{i}"]
+        assert [c.offset for c in mine] == [sum(len(m.token_ids) for m in mine[:k]) for k in range(len(mine))]
+        assert sum(len(c.token_ids) for c in mine) == 5 + 3 * i and mine[-1].finish_reason == "length"
+        assert all(len(c.logprobs) == len(c.token_ids) and c.weight_version == 0 for c in mine)
+    empty = ChunkColumns.of([])
+    assert not empty and list(pickle.loads(pickle.dumps(empty))) == [] and empty.ends() == {}
+    one = StreamChunk("x#1", [4, 5], [-0.5, -0.25], 6, True, "stop", 2)
+    assert list(ChunkColumns.of([one])) == [one] and ChunkColumns.of([one]).ends() == {"x#1": 8}

@@ -7,7 +7,7 @@ backend's per-request bookkeeping, torch-free), vllm_backend (`VllmEngine`), fac
 the engine `engine.backend` names).
 
 Names are imported on first use (PEP 562): the contract (`EngineBackend`, `SpecStats`, the errors) and
-the request and output types (`SamplingParams`, `StreamChunk`, `PartialOutput`) are torch-free, so a
+the request and output types (`SamplingParams`, `StreamChunk`, `ChunkColumns`, `PartialOutput`) are torch-free, so a
 worker whose engine needs no torch (the emulated one) never loads it; `LLMEngine` does.
 """
 
@@ -23,6 +23,7 @@ _WHERE = {
     "EngineBackend": "protocol",
     "SamplingParams": "sampling_params",
     "StreamChunk": "sequence",
+    "ChunkColumns": "sequence",
     "PartialOutput": "sequence",
     "Completion": "sequence",
     "make_engine": "factory",

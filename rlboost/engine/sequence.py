@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rlboost.engine.sampling_params import SamplingParams
@@ -36,6 +37,51 @@ class StreamChunk:
         # in about two thirds of the time of the default per-field state
         return StreamChunk, (self.request_id, self.token_ids, self.logprobs, self.offset, self.finished,
                              self.finish_reason, self.weight_version)
+
+
+@dataclass(slots=True)
+class ChunkColumns:
+    """Several chunks, in order, as columns: what a worker's report carries (`rlboost.hybrid.wire`).
+    Row i is the chunk of `request_ids[i]` whose `counts[i]` tokens are the next ones of `token_ids` and
+    `logprobs` (flat, every chunk's in order). At 256 instances the manager unpickles tens of thousands
+    of chunks a second: two flat lists and a few short ones unpickle in about two thirds of the time of
+    an object and two lists per chunk (docs/simulator.md, "256 instances"). Iterating gives the
+    `StreamChunk`s back."""
+
+    request_ids: list[str]
+    offsets: list[int]
+    counts: list[int]
+    versions: list[int]
+    finished: list[bool]
+    finish_reasons: list[str | None]
+    token_ids: list[int]
+    logprobs: list[float]
+
+    @classmethod
+    def of(cls, chunks: Iterable[StreamChunk]) -> ChunkColumns:
+        chunks = list(chunks)
+        return cls([c.request_id for c in chunks], [c.offset for c in chunks], [len(c.token_ids) for c in chunks],
+                   [c.weight_version for c in chunks], [c.finished for c in chunks],
+                   [c.finish_reason for c in chunks], [t for c in chunks for t in c.token_ids],
+                   [x for c in chunks for x in c.logprobs])
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+    def __iter__(self) -> Iterator[StreamChunk]:
+        end = 0
+        for i, count in enumerate(self.counts):
+            start, end = end, end + count
+            yield StreamChunk(self.request_ids[i], self.token_ids[start:end], self.logprobs[start:end],
+                              self.offsets[i], self.finished[i], self.finish_reasons[i], self.versions[i])
+
+    def ends(self) -> dict[str, int]:
+        """Each request's response length up to its last chunk here."""
+        return {rid: offset + count for rid, offset, count in zip(self.request_ids, self.offsets, self.counts)}
+
+    def __reduce__(self):
+        return ChunkColumns, (self.request_ids, self.offsets, self.counts, self.versions, self.finished,
+                              self.finish_reasons, self.token_ids, self.logprobs)
 
 
 @dataclass

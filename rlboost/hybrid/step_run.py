@@ -390,8 +390,8 @@ class StepRun(StepCommands):
                 state.observe(h.name, report.batch_size, report.batch_size / report.step_s)
         state.chunks(h.name, report.chunks, now)  # a fenced worker's are counted and dropped by the state
         if self.siblings is not None:
-            for c in report.chunks:
-                if track := state.tracked.get(c.request_id.rpartition("#")[0]):
+            for request_id in report.chunks.request_ids:
+                if track := state.tracked.get(request_id.rpartition("#")[0]):
                     self.siblings.tokens_of(track.group)
 
     def _progress(self, name: str) -> dict[str, int]:

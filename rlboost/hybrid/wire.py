@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rlboost.engine.sequence import StreamChunk
+from rlboost.engine.sequence import ChunkColumns
 
 
 @dataclass
 class WorkerReport:
     """New chunks and the worker's load, after one or more engine steps (or a heartbeat)."""
 
-    chunks: list[StreamChunk]
+    chunks: ChunkColumns
+    """In the order the engine made them; iterating gives `StreamChunk`s."""
     running: int
     waiting: int
     generated: dict[str, int] = field(default_factory=dict)

@@ -48,7 +48,7 @@ from rlboost.engine.config import EngineConfig
 from rlboost.engine.factory import make_engine
 from rlboost.engine.protocol import EngineBackend, SpecStats
 from rlboost.engine.sampling_params import SamplingParams
-from rlboost.engine.sequence import PartialOutput, StreamChunk
+from rlboost.engine.sequence import ChunkColumns, PartialOutput, StreamChunk
 from rlboost.histospec import HistoryStore, make_drafter
 from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid.token_ledger import TokenLedger
@@ -258,21 +258,19 @@ class RolloutWorker:
                         report = self._report(held + (self.engine.flush() if held else []), batch_size, step_s, steps)
             if report is not None:
                 held, steps, batch_size, step_s = [], 0, 0, 0.0
-                self._write_ledger(report.chunks, sent=True)  # before the yield, which may wait for the manager
+                if self._ledger is not None:  # before the yield, which may wait for the manager
+                    self._ledger.sent(report.chunks.ends())
                 yield report
                 last_report = time.monotonic()
 
     def _report(self, chunks: list[StreamChunk], batch_size: int, step_s: float, steps: int) -> WorkerReport:
-        return WorkerReport(chunks, self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
+        return WorkerReport(ChunkColumns.of(chunks), self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
                             batch_size, step_s, steps)
 
-    def _write_ledger(self, chunks: list[StreamChunk], sent: bool = False) -> None:
-        """Record the tokens each request has generated (after an engine step) or, with `sent`, has in
-        the reports leaving so far."""
+    def _write_ledger(self, chunks: list[StreamChunk]) -> None:
+        """Record the tokens each request has generated, after an engine step."""
         if self._ledger is None:
             return
-        if sent:
-            self._ledger.sent({c.request_id: c.offset + len(c.token_ids) for c in chunks})
-        else:  # requests that finished in this step have left progress(); their last chunk has the count
-            self._ledger.generated(self.engine.progress()
-                                   | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished})
+        # requests that finished in this step have left progress(); their last chunk has the count
+        self._ledger.generated(self.engine.progress()
+                               | {c.request_id: c.offset + len(c.token_ids) for c in chunks if c.finished})

@@ -15,13 +15,13 @@ dropped (invariant 6).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rlboost.rollout.step_data import GroupDone, Partial, SampleState, Tracked, Worker
 
 if TYPE_CHECKING:
-    from rlboost.engine.sequence import StreamChunk
+    from rlboost.engine.sequence import ChunkColumns
 
 
 class StepTokens:
@@ -46,26 +46,29 @@ class StepTokens:
         if finished:
             self._finish(track, w, finish_reason)
 
-    def chunks(self, worker: str, chunks: Iterable[StreamChunk], now: float) -> None:
-        """A report's chunks from `worker`, in the order it sent them: each as `chunk` with its tokens
-        (`StreamChunk`'s fields), the worker looked up and its counters added to once per report. The
-        manager hands over thousands of chunks a second at 256 instances (docs/simulator.md, "256
-        instances")."""
+    def chunks(self, worker: str, chunks: ChunkColumns, now: float) -> None:
+        """A report's chunks from `worker`, in the order it sent them: each as `chunk` with its tokens,
+        read straight off the report's columns, the worker looked up once. The manager hands over tens
+        of thousands of chunks a second at 256 instances (docs/simulator.md, "256 instances")."""
         w = self.workers.get(worker)
         if w is None or not w.alive:
-            self.stats.fenced_tokens_dropped += sum(len(c.token_ids) for c in chunks)
+            self.stats.fenced_tokens_dropped += len(chunks.token_ids)
             return
         self.now = now
         attempt, check, take = self.ledger.attempt, self.ledger.check_chunk, self._take
-        for c in chunks:
-            track = attempt(c.request_id, worker)
+        token_ids, logprobs, end = chunks.token_ids, chunks.logprobs, 0
+        for request_id, offset, count, version, finished, reason in zip(
+                chunks.request_ids, chunks.offsets, chunks.counts, chunks.versions, chunks.finished,
+                chunks.finish_reasons):
+            start, end = end, end + count
+            track = attempt(request_id, worker)
             if track is None:
-                self.stats.stale_chunks += 1
+                self.stats.stale_chunks += 1  # from an attempt already taken back
                 continue
-            check(track, c.offset, c.weight_version)
-            take(track, w, c.request_id, len(c.token_ids), c.weight_version, c.token_ids, c.logprobs)
-            if c.finished:
-                self._finish(track, w, c.finish_reason)
+            check(track, offset, version)
+            take(track, w, request_id, count, version, token_ids[start:end], logprobs[start:end])
+            if finished:
+                self._finish(track, w, reason)
 
     def aborted(self, abort_id: int, partials: Mapping[str, Partial], now: float) -> None:
         """The answer to `Abort(abort_id)`: the exact partial output of each request still running
