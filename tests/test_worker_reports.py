@@ -103,3 +103,24 @@ def test_a_reports_chunks_cross_the_wire_as_columns_and_come_back_the_same():
     assert not empty and list(pickle.loads(pickle.dumps(empty))) == [] and empty.ends() == {}
     one = StreamChunk("x#1", [4, 5], [-0.5, -0.25], 6, True, "stop", 2)
     assert list(ChunkColumns.of([one])) == [one] and ChunkColumns.of([one]).ends() == {"x#1": 8}
+
+
+def test_a_reports_objects_to_unpickle_do_not_grow_with_its_chunks():
+    # The manager's guard, counted rather than timed: a report of 10 chunks and one of 100 unpickle into
+    # the same number of objects (lists, dicts, calls); only the data (ids, tokens, log-probs) grows.
+    # An object or a list per chunk was a third of the manager's loop at 256 instances.
+    import pickle
+    import pickletools
+
+    from rlboost.engine.sequence import ChunkColumns, StreamChunk
+    from rlboost.hybrid.wire import WorkerReport
+
+    builders = {"EMPTY_LIST", "EMPTY_DICT", "EMPTY_TUPLE", "REDUCE", "NEWOBJ", "NEWOBJ_EX", "BUILD", "EMPTY_SET"}
+
+    def objects(n: int) -> int:
+        chunks = [StreamChunk(f"u{i}#1", [7] * 8, [-0.5] * 8, 16, i % 3 == 0, "stop" if i % 3 == 0 else None, 2)
+                  for i in range(n)]
+        report = WorkerReport(ChunkColumns.of(chunks), n, 0, {}, n, 0.01, 8)
+        return sum(op.name in builders for op, _, _ in pickletools.genops(pickle.dumps(report, protocol=5)))
+
+    assert objects(100) == objects(10) <= 16
