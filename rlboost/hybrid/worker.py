@@ -264,8 +264,8 @@ class RolloutWorker:
                 last_report = time.monotonic()
 
     def _report(self, chunks: list[StreamChunk], batch_size: int, step_s: float, steps: int) -> WorkerReport:
-        return WorkerReport(ChunkColumns.of(chunks), self.engine.num_running, self.engine.num_waiting, self.engine.progress(),
-                            batch_size, step_s, steps)
+        return WorkerReport(ChunkColumns.of(chunks), self.engine.num_running, self.engine.num_waiting,
+                            self.engine.progress(), batch_size, step_s, steps)
 
     def _write_ledger(self, chunks: list[StreamChunk]) -> None:
         """Record the tokens each request has generated, after an engine step."""
