@@ -70,10 +70,11 @@ class ChunkColumns:
 
     def __iter__(self) -> Iterator[StreamChunk]:
         end = 0
-        for i, count in enumerate(self.counts):
+        for request_id, offset, count, version, finished, reason in zip(
+                self.request_ids, self.offsets, self.counts, self.versions, self.finished, self.finish_reasons):
             start, end = end, end + count
-            yield StreamChunk(self.request_ids[i], self.token_ids[start:end], self.logprobs[start:end],
-                              self.offsets[i], self.finished[i], self.finish_reasons[i], self.versions[i])
+            yield StreamChunk(request_id, self.token_ids[start:end], self.logprobs[start:end], offset, finished,
+                              reason, version)
 
     def ends(self) -> dict[str, int]:
         """Each request's response length up to its last chunk here."""

@@ -36,15 +36,7 @@ class StepTokens:
         if w is None or not w.alive:
             self.stats.fenced_tokens_dropped += count
             return
-        track = self.ledger.attempt(request_id, worker)
-        if track is None:
-            self.stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
-            return
-        self.ledger.check_chunk(track, offset, version)
-        self.now = now
-        self._take(track, w, request_id, count, version, token_ids, logprobs)
-        if finished:
-            self._finish(track, w, finish_reason)
+        self._chunk_in(w, request_id, offset, count, version, finished, finish_reason, token_ids, logprobs, now)
 
     def chunks(self, worker: str, chunks: ChunkColumns, now: float) -> None:
         """A report's chunks from `worker`, in the order it sent them: each as `chunk` with its tokens,
@@ -54,21 +46,13 @@ class StepTokens:
         if w is None or not w.alive:
             self.stats.fenced_tokens_dropped += len(chunks.token_ids)
             return
-        self.now = now
-        attempt, check, take = self.ledger.attempt, self.ledger.check_chunk, self._take
         token_ids, logprobs, end = chunks.token_ids, chunks.logprobs, 0
         for request_id, offset, count, version, finished, reason in zip(
                 chunks.request_ids, chunks.offsets, chunks.counts, chunks.versions, chunks.finished,
                 chunks.finish_reasons):
             start, end = end, end + count
-            track = attempt(request_id, worker)
-            if track is None:
-                self.stats.stale_chunks += 1  # from an attempt already taken back
-                continue
-            check(track, offset, version)
-            take(track, w, request_id, count, version, token_ids[start:end], logprobs[start:end])
-            if finished:
-                self._finish(track, w, reason)
+            self._chunk_in(w, request_id, offset, count, version, finished, reason, token_ids[start:end],
+                           logprobs[start:end], now)
 
     def aborted(self, abort_id: int, partials: Mapping[str, Partial], now: float) -> None:
         """The answer to `Abort(abort_id)`: the exact partial output of each request still running
@@ -109,6 +93,19 @@ class StepTokens:
         self._retire_if_empty(w)
 
     # ---- internals -----------------------------------------------------------------------------------
+
+    def _chunk_in(self, w: Worker, request_id: str, offset: int, count: int, version: int, finished: bool,
+                  reason: str | None, token_ids, logprobs, now: float) -> None:
+        """One chunk of a live worker `w`: checked, taken, and its sample finished if it ends there."""
+        track = self.ledger.attempt(request_id, w.name)
+        if track is None:
+            self.stats.stale_chunks += 1  # from an attempt already taken back: its tokens came with the abort
+            return
+        self.ledger.check_chunk(track, offset, version)
+        self.now = now
+        self._take(track, w, request_id, count, version, token_ids, logprobs)
+        if finished:
+            self._finish(track, w, reason)
 
     def _take(self, track: Tracked, w: Worker, request_id: str, count: int, version: int, token_ids,
               logprobs) -> None:
