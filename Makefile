@@ -18,11 +18,11 @@ GPU_STAMP  := $(GPU_VENV)/.installed-stamp
 # --no-compile: pip would byte-compile every file of every package one after another (vLLM's venv: 80 s of a
 # 3 min install on a 2-core machine); COMPILE_VENV does it once per venv at the end, on every core.
 PIP_INSTALL := -m pip install --quiet --no-compile
-# Byte-compile a venv's packages (`$(call COMPILE_VENV,python)`). Where PYTHONDONTWRITEBYTECODE is set, as on this
-# project's machines, Python never writes the .pyc of what it imports: every process would compile torch,
+# Byte-compile a venv's packages (`$(call COMPILE_VENV,python)`). Where PYTHONDONTWRITEBYTECODE is set, as on
+# this project's machines, Python never writes the .pyc of what it imports: every process would compile torch,
 # transformers, sympy and Ray from source again (`import rlboost.train` 8.5 CPU s instead of 3.8; a two-step
-# hybrid `rlboost train` 47 instead of 21.5, its Ray workers and agents importing too). A file that does not
-# compile (torch's Python 3.12-only test helpers) stays as it is: it is compiled if it is ever imported.
+# hybrid `rlboost train` 47.5 instead of 20.4, its Ray workers and agents importing too: docs/testing.md).
+# A file that does not compile (torch's Python 3.12-only test helpers) stays as it is, compiled if imported.
 COMPILE_VENV = $(1) -c "import compileall, sysconfig; compileall.compile_dir(sysconfig.get_paths()['purelib'], \
 	quiet=2, workers=0)"
 OFFLINE    := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH}
