@@ -98,22 +98,15 @@ def test_while_reports_keep_coming_the_reader_polls_instead_of_waiting_over_ever
     coming leaves waits to the idle moments: only a poll that found nothing ready waits. Counted, not
     timed: how often the producer stalls (start-up, a busy machine) sets how many polls come up empty,
     not whether the reader waits after one that took something."""
-    waits, empty_polls = [], []
-    wait, take = ray.wait, ReportReader._take
+    waits = []
+    wait = ray.wait
 
     def counting_wait(refs, *args, **kwargs):
         if threading.current_thread().name == "report-reader":
             waits.append(len(refs))
         return wait(refs, *args, **kwargs)
 
-    def counting_take(self, handles, woken=False):
-        took = take(self, handles, woken)
-        if threading.current_thread().name == "report-reader" and not woken and not took:
-            empty_polls.append(len(handles))
-        return took
-
     monkeypatch.setattr(ray, "wait", counting_wait)
-    monkeypatch.setattr(ReportReader, "_take", counting_take)
     producer = Producer.remote()
     handles = open_streams(producer, 32, 60, interval_s=0.002)
     reader = ReportReader(lambda: handles)
@@ -125,4 +118,6 @@ def test_while_reports_keep_coming_the_reader_polls_instead_of_waiting_over_ever
     reports = sum(len(items) - 1 for items in got.values())
     assert reports == 60 * 32 and all(items[:-1] == [(h.name, i) for i in range(60)] for h, items in
                                       zip(handles, got.values()))
-    assert len(waits) <= len(empty_polls) < reports, (len(waits), len(empty_polls), reports)
+    counts = reader.counts
+    assert counts.waits == len(waits)  # the reader's own count is every wait it made
+    assert len(waits) <= counts.empty_polls < reports, (len(waits), counts, reports)

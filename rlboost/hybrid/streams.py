@@ -33,6 +33,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from rlboost.hybrid.handles import WorkerHandle, first_line
 from rlboost.hybrid.wire import WorkerReport
@@ -79,6 +80,19 @@ class TurnPacer:
         return min(self.max_s, max(self.min_s, self.turn_cpu_s * (1 - self.share) / self.share))
 
 
+@dataclass
+class ReaderCounts:
+    """What the reader thread did since it was made: the work it pays per report (read by tests and
+    benchmarks; plain counters, written by the reader thread only)."""
+
+    polls: int = 0
+    """Peeks over every stream (`_take` by a poll, not by a wait)."""
+    empty_polls: int = 0
+    """Polls that found nothing ready: only these are followed by a wait."""
+    waits: int = 0
+    """`ray.wait` calls over every stream."""
+
+
 class ReportReader:
     """`handles()`: the workers whose streams to read (the table's, fenced ones included)."""
 
@@ -94,6 +108,7 @@ class ReportReader:
         self._failure: BaseException | None = None
         self._cpu_s = 0.0
         self._poll_pacer = TurnPacer(POLL_SHARE, min_s=ACK_S, max_s=ACK_MAX_S)
+        self.counts = ReaderCounts()
 
     # ---- the reader thread ---------------------------------------------------------------------------
 
@@ -139,9 +154,12 @@ class ReportReader:
                     took = self._take(handles)
                     if took:
                         self._lock.notify_all()
+                self.counts.polls += 1
+                self.counts.empty_polls += not took
                 if took:  # what arrives meanwhile is taken by the next poll, together
                     self._stop.wait(self._poll_pacer.gap(time.thread_time() - poll_cpu))
                     continue
+                self.counts.waits += 1
                 by_stream = {h.stream: h for h in handles}
                 ready = ray.wait(list(by_stream), num_returns=1, timeout=WATCH_S)[0]
                 if ready:
@@ -244,5 +262,5 @@ def _fetch(taken: list[tuple[WorkerHandle, object | None, str | None]]) -> list[
     return out
 
 
-__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReportReader", "TurnPacer",
+__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReaderCounts", "ReportReader", "TurnPacer",
            "next_turn"]
