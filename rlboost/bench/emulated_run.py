@@ -60,6 +60,8 @@ class EmulatedStep:
     """Worker reports the manager's loop handled in the step."""
     instance_s: float = 0.0
     """Instance-seconds (wall) the step held."""
+    preemptible_share: float = 0.0
+    """Share of the step's generated tokens that the preemptible workers generated."""
 
 def _groups(cfg: CheckConfig, step: int):
     from rlboost.rollout.sample import Group, Sample
@@ -260,4 +262,4 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         relay_cpu_s=run.relay_cpu_s, driver_cpu_s=driver_cpu,
         tokens=sum(len(s.response_ids) for g in done for s in g.samples),
         samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports,
-        instance_s=metrics["spot/instance_s"])
+        instance_s=metrics["spot/instance_s"], preemptible_share=metrics.get("rollout/preemptible_token_share", 0.0))

@@ -10,7 +10,12 @@ twin of the same run. One row per k (`part: "emulated"`):
 - `step_s`: the mean modelled step; `trainer_idle_s`: the stand-in trainer's mean wait for groups
   once it has the reserved GPUs; `spot_idle_s`: the mean time from the step's last response to its end;
 - `sim_tokens_per_s`: the simulator's prediction of the same run, and `sim_diff`; `startup_s`: the
-  instances' measured launch-to-serving time the twin was given, `sim_instances_mean` what it held.
+  instances' measured launch-to-serving time the twin was given, `sim_instances_mean` what it held;
+- what bounds a faster step: `reserved_busy_s`, the reserved GPUs' mean busy time per step (the seeding
+  window, then the modelled training), below which no overlap can bring the step; and
+  `spot_decode_use`, the instances' generated tokens over what the instance-seconds held (booting
+  included) would decode at a full batch (`max_num_seqs`, or what the KV cache fits, at the run's mean
+  context): decode is memory-bound, so the rest is slots a rollout that never waits could fill.
 
 Every emulated step is checked as the emulation check checks it, the bound included: each group and
 sample once, every token within k versions, each response the emulation's exact tokens.
@@ -108,6 +113,9 @@ def row(result: CheckResult) -> dict:
     sim_s = sum(s["end_s"] - s["start_s"] for s in simulated)
     rate, sim_rate = tokens / emu_s, sim_tokens / sim_s
     n = len(emulated)
+    full_batch_rate = _instance_full_batch_rate(cfg, tokens / max(1, sum(e.samples for e in emulated)))
+    instance_tokens = sum(e.tokens * e.preemptible_share for e in emulated)
+    instance_s = sum(e.instance_s for e in emulated) / ts
     return {"part": "emulated", "k": cfg.max_staleness, "steps": n, "tokens_per_s": rate, "step_s": emu_s / n,
             "trainer_idle_s": sum(e.wait_train_s for e in emulated) / n / ts,
             "spot_idle_s": sum(e.wait_remote_s for e in emulated) / n / ts,
@@ -115,7 +123,17 @@ def row(result: CheckResult) -> dict:
             "preemptions": sum(e.preemptions for e in emulated),
             "sim_tokens_per_s": sim_rate, "sim_diff": rate / sim_rate - 1,
             "startup_s": result.startup_s if cfg.provider == "trace" else 0.0,  # a fixed pool serves from the start
-            "sim_instances_mean": sum(s["instances_start"] for s in simulated) / n}
+            "sim_instances_mean": sum(s["instances_start"] for s in simulated) / n,
+            "reserved_busy_s": sum(e.seed_s + e.train_s for e in emulated) / n / ts,
+            "spot_decode_use": instance_tokens / (instance_s * full_batch_rate) if instance_s else 0.0}
+
+
+def _instance_full_batch_rate(cfg: CheckConfig, mean_response: float) -> float:
+    """Modelled decode tokens/s of one instance's engine at a full batch, its samples at the run's mean
+    context (the prompt and half the mean response)."""
+    engine, _ = cfg.emulation().profiles()
+    context = cfg.prompt_len + mean_response / 2
+    return engine.tokens_per_s(max(1, engine.max_batch(context)), context)
 
 
 def bench_staleness(cfg: StalenessBenchConfig, log=None, save_partial=None) -> dict:
@@ -172,13 +190,15 @@ def render_learning(rows: list[dict]) -> str:
 
 
 def render_emulated(rows: list[dict]) -> str:
-    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | instances | preempted "
-             "| simulated tokens/s | emulated vs simulated | startup s | simulated instances |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | reserved busy s "
+             "| instance decode use | instances | preempted | simulated tokens/s | emulated vs simulated | startup s "
+             "| simulated instances |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         versus = f"{r['vs_k0']:.2f}x" if "vs_k0" in r else "-"
         lines.append(f"| {r['k']} | {r['tokens_per_s']:,.0f} | {versus} | {r['step_s']:.1f} | {r['trainer_idle_s']:.2f} "
-                     f"| {r['spot_idle_s']:.2f} | {r['instances_mean']:.1f} | {r['preemptions']} "
+                     f"| {r['spot_idle_s']:.2f} | {r['reserved_busy_s']:.1f} | {r['spot_decode_use']:.0%} "
+                     f"| {r['instances_mean']:.1f} | {r['preemptions']} "
                      f"| {r['sim_tokens_per_s']:,.0f} | {r['sim_diff']:+.1%} | {r['startup_s']:.1f} "
                      f"| {r['sim_instances_mean']:.1f} |")
     return "\n".join(lines)
