@@ -28,7 +28,7 @@ def test_the_bench_runs_ahead_of_its_trainer_within_the_bound(monkeypatch):
     [measured] = result["results"]
     assert measured["part"] == "emulated" and measured["k"] == 1 and measured["steps"] == 2
     assert measured["tokens_per_s"] > 0 and measured["sim_tokens_per_s"] > 0 and measured["step_s"] > 0
-    assert 0 < measured["reserved_busy_s"] < measured["step_s"] and 0 < measured["spot_decode_use"] < 1
+    assert 0 < measured["seed_s"] + measured["train_s"] < measured["step_s"] and 0 < measured["spot_decode_use"] < 1
     assert versions[0] == {0}
     # steps 1 and 2 were started ahead of their trainer, on the version before theirs
     assert all(step - 1 in versions[step] and versions[step] <= {step - 1, step} for step in (1, 2))
@@ -47,17 +47,17 @@ def _step(k: int, **fields) -> EmulatedStep:
     return EmulatedStep(**{**base, **fields})
 
 
-def test_a_rows_bounds_are_the_reserved_gpus_busy_time_and_the_instances_share_of_a_full_batch():
-    """`reserved_busy_s` is the seeding window plus the modelled training, per step, in modelled seconds;
+def test_a_rows_bounds_are_the_reserved_gpus_busy_times_and_the_instances_share_of_a_full_batch():
+    """`seed_s` and `train_s` are the seeding window and the modelled training, per step, in modelled seconds;
     `spot_decode_use` the instances' tokens over their instance-seconds at the engine's full-batch rate.
     Step 0 runs nothing ahead and is left out, as from the rates."""
     cfg = StalenessBenchConfig(bounds=[1], time_scale=2.0, max_num_seqs=8, prompt_len=100)
     steps = [_step(0, tokens=99_999, seed_s=50.0, instance_s=1.0),
              _step(1, seed_s=2.0, train_s=6.0, tokens=1000, samples=10, instance_s=20.0, preemptible_share=0.5),
-             _step(2, seed_s=2.0, train_s=10.0, tokens=3000, samples=10, instance_s=40.0, preemptible_share=1.0)]
+             _step(2, seed_s=4.0, train_s=10.0, tokens=3000, samples=10, instance_s=40.0, preemptible_share=1.0)]
     simulated = [{"tokens_trained": 1000, "start_s": 0.0, "end_s": 5.0, "instances_start": 2}] * 3
     r = row(CheckResult(cfg.checks()[0], steps, simulated, startup_s=0.0, boot_wall_s=0.0, wall_s=0.0))
-    assert r["reserved_busy_s"] == pytest.approx(((2 + 6) + (2 + 10)) / 2 / 2.0)
+    assert r["seed_s"] == pytest.approx((2 + 4) / 2 / 2.0) and r["train_s"] == pytest.approx((6 + 10) / 2 / 2.0)
     engine, _ = cfg.emulation().profiles()
     context = 100 + (4000 / 20) / 2  # the prompt and half the mean response of steps 1 and 2
     full = engine.tokens_per_s(engine.max_batch(context), context)

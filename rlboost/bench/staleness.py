@@ -11,8 +11,8 @@ twin of the same run. One row per k (`part: "emulated"`):
   once it has the reserved GPUs; `spot_idle_s`: the mean time from the step's last response to its end;
 - `sim_tokens_per_s`: the simulator's prediction of the same run, and `sim_diff`; `startup_s`: the
   instances' measured launch-to-serving time the twin was given, `sim_instances_mean` what it held;
-- what bounds a faster step: `reserved_busy_s`, the reserved GPUs' mean busy time per step (the seeding
-  window, then the modelled training), below which no overlap can bring the step; and
+- what bounds a faster step: the reserved GPUs' mean busy time per step, `seed_s` (the seeding window,
+  T_seed) then `train_s` (the modelled training), below which no overlap can bring the step; and
   `spot_decode_use`, the instances' generated tokens over what the instance-seconds held (booting
   included) would decode at a full batch (`max_num_seqs`, or what the KV cache fits, at the run's mean
   context): decode is memory-bound, so the rest is slots a rollout that never waits could fill.
@@ -124,7 +124,7 @@ def row(result: CheckResult) -> dict:
             "sim_tokens_per_s": sim_rate, "sim_diff": rate / sim_rate - 1,
             "startup_s": result.startup_s if cfg.provider == "trace" else 0.0,  # a fixed pool serves from the start
             "sim_instances_mean": sum(s["instances_start"] for s in simulated) / n,
-            "reserved_busy_s": sum(e.seed_s + e.train_s for e in emulated) / n / ts,
+            "seed_s": sum(e.seed_s for e in emulated) / n / ts, "train_s": sum(e.train_s for e in emulated) / n / ts,
             "spot_decode_use": instance_tokens / (instance_s * full_batch_rate) if instance_s else 0.0}
 
 
@@ -190,14 +190,14 @@ def render_learning(rows: list[dict]) -> str:
 
 
 def render_emulated(rows: list[dict]) -> str:
-    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | reserved busy s "
-             "| instance decode use | instances | preempted | simulated tokens/s | emulated vs simulated | startup s "
+    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | T_seed s "
+             "| train s | instance decode use | instances | preempted | simulated tokens/s | emulated vs simulated | startup s "
              "| simulated instances |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         versus = f"{r['vs_k0']:.2f}x" if "vs_k0" in r else "-"
         lines.append(f"| {r['k']} | {r['tokens_per_s']:,.0f} | {versus} | {r['step_s']:.1f} | {r['trainer_idle_s']:.2f} "
-                     f"| {r['spot_idle_s']:.2f} | {r['reserved_busy_s']:.1f} | {r['spot_decode_use']:.0%} "
+                     f"| {r['spot_idle_s']:.2f} | {r['seed_s']:.1f} | {r['train_s']:.1f} | {r['spot_decode_use']:.0%} "
                      f"| {r['instances_mean']:.1f} | {r['preemptions']} "
                      f"| {r['sim_tokens_per_s']:,.0f} | {r['sim_diff']:+.1%} | {r['startup_s']:.1f} "
                      f"| {r['sim_instances_mean']:.1f} |")
