@@ -27,6 +27,11 @@ def test_simulate_writes_the_json_rows_and_the_plots(tmp_path):
     assert rows[("A", "verl")]["throughput_rel_verl"] == 1.0
     for key in ("throughput_rel_verl", "cost_efficiency_rel_verl", "throughput_tokens_per_s"):
         assert rows[("avg", "rlboost")][key] == pytest.approx((rows[("A", "rlboost")][key] + rows[("C", "rlboost")][key]) / 2)
+    for segment in ("A", "C"):
+        verl, hybrid = rows[(segment, "verl")], rows[(segment, "rlboost")]
+        # veRL's step rolls out, then trains on the same GPUs; rlboost's overlaps the two, so its step
+        # is shorter, but never below its training
+        assert verl["step_s"] > verl["train_s"] > 0 and 0 < hybrid["train_s"] <= hybrid["step_s"] < verl["step_s"]
     # spot instances bought throughput on the abundant segment
     assert rows[("A", "rlboost")]["throughput_rel_verl"] > 1.2
     assert result["config"]["duration_s"] == 1800  # the override reached the simulator

@@ -99,7 +99,7 @@ def evaluate(base: SimConfig, models=MODELS, segments: str = "ABC", policies=POL
 
 _AVERAGED = ("throughput_tokens_per_s", "cost_usd", "tokens_per_usd", "throughput_rel_verl",
              "cost_efficiency_rel_verl", "instances_mean", "preemptions", "throughput_rel_verl_async",
-             "cost_efficiency_rel_verl_async")
+             "cost_efficiency_rel_verl_async", "step_s", "train_s")
 
 
 def worst_step(r: SimResult, verl: SimResult) -> float:
@@ -120,7 +120,10 @@ def _row(model: str, segment: str, policy: str, r: SimResult, verl: SimResult,
            "cost_efficiency_rel_verl": rel["cost_efficiency"],
            "instances_mean": r.instance_seconds / r.wall_s if r.wall_s else 0.0,
            "preemptions": r.preemptions, "steps": len(r.steps), "worst_step_rel_verl": worst_step(r, verl),
-           "max_staleness": r.config.max_staleness, "rollout_gpus": r.rollout_gpus}
+           "max_staleness": r.config.max_staleness, "rollout_gpus": r.rollout_gpus,
+           # the trainer's compute per step: no overlap of rollout with training makes a step shorter
+           "step_s": r.wall_s / len(r.steps) if r.steps else 0.0,
+           "train_s": sum(s.train_s for s in r.steps) / len(r.steps) if r.steps else 0.0}
     if verl_async is not None:
         versus = r.relative_to(verl_async)
         row |= {"throughput_rel_verl_async": versus["throughput"],
