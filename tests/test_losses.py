@@ -129,6 +129,8 @@ def test_m2po_masks_the_stale_outliers_of_each_forward():
     expected = 1.0 - second_moment_mask(log_ratio[None], torch.ones(1, len(log_ratio)), 0.04).mean().item()
     assert metrics["actor/m2po_masked_frac"] == pytest.approx(expected)
     assert 0 < expected <= (log_ratio.abs() > 0.5).float().mean().item()  # only the outliers go
+    fresh_step = make_trainer(loss="m2po").train_step(fresh(groups), len(groups))
+    assert fresh_step["actor/m2po_masked_frac"] == 0.0  # reported on every m2po step, nothing masked included
 
 
 def test_the_staleness_of_a_step_is_counted_per_token():
@@ -171,7 +173,7 @@ def test_a_sharded_step_merges_the_behaviour_weights_of_every_rank():
         stats = TrainStepStats()
         stats.tokens = float(len(weights))
         stats.behav_weight, stats.behav_weight_sq = sum(weights), sum(w * w for w in weights)
-        stats.behav_weight_max, stats.m2_masked = max(weights), 1.0
+        stats.behav_weight_max, stats.m2_masked, stats.m2_tokens = max(weights), 1.0, float(len(weights))
         stats.grad_norms = [1.0]
         parts.append(stats.totals())
     metrics = TrainStepStats.merged(parts).metrics(lr=1e-3)

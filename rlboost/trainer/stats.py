@@ -64,6 +64,9 @@ class TrainStepStats:
         """The largest w of the step."""
         self.m2_masked = 0.0
         """`loss=m2po`: tokens its second-moment mask dropped."""
+        self.m2_tokens = 0.0
+        """`loss=m2po`: tokens its mask was computed over (the masked fraction's denominator; 0 under
+        another loss, which then reports no masked fraction)."""
 
     def add_mismatch(self, trainer_logp: torch.Tensor, rollout_logp: torch.Tensor, mask: torch.Tensor) -> None:
         """|pi_trainer - pi_rollout| per token (veRL's `training/rollout_probs_diff_*`)."""
@@ -84,6 +87,7 @@ class TrainStepStats:
             self.tis_truncated += (token.truncated * mask).sum().item()
         if token.masked is not None:
             self.m2_masked += (token.masked * mask).sum().item()
+            self.m2_tokens += mask.sum().item()
 
     def end_mini_batch(self, denominator: float, grad_norm: float) -> None:
         self.pg_losses.append(self.pg_numerator / denominator)
@@ -101,7 +105,7 @@ class TrainStepStats:
         per-mini-batch losses and gradient norms are global already (all-reduced), hence equal on all."""
         out = cls()
         for key in ("tokens", "clipped", "approx_kl", "entropy", "probs_diff_sum", "mismatch_tokens", "tis_weight",
-                    "tis_truncated", "behav_weight", "behav_weight_sq", "m2_masked"):
+                    "tis_truncated", "behav_weight", "behav_weight_sq", "m2_masked", "m2_tokens"):
             setattr(out, key, sum(p[key] for p in parts))
         out.probs_diff_max = max(p["probs_diff_max"] for p in parts)
         out.behav_weight_max = max(p["behav_weight_max"] for p in parts)
@@ -116,7 +120,8 @@ class TrainStepStats:
         adv = self.advantages or [0.0]
         tis = {"actor/tis_weight_mean": self.tis_weight / tokens,
                "actor/tis_clipfrac": self.tis_truncated / tokens} if self.tis_weight else {}
-        m2po = {"actor/m2po_masked_frac": self.m2_masked / tokens} if self.m2_masked else {}
+        # every m2po step reports its fraction, 0 included: a gap in the curve would read as a missing step
+        m2po = {"actor/m2po_masked_frac": self.m2_masked / self.m2_tokens} if self.m2_tokens else {}
         return tis | m2po | {
             "actor/behav_weight_mean": self.behav_weight / tokens,
             "actor/behav_weight_max": self.behav_weight_max,
