@@ -192,9 +192,9 @@ def render_learning(rows: list[dict]) -> str:
 
 
 def render_emulated(rows: list[dict]) -> str:
-    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | T_seed s "
-             "| train s | instance decode use | instances | preempted | simulated tokens/s | emulated vs simulated | startup s "
-             "| simulated instances |",
+    lines = ["| k | tokens/s | vs k = 0 | step s | trainer idle s | spot idle s | T_seed s | train s "
+             "| instance decode use | instances | preempted | simulated tokens/s | emulated vs simulated "
+             "| startup s | simulated instances |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         versus = f"{r['vs_k0']:.2f}x" if "vs_k0" in r else "-"

@@ -262,5 +262,5 @@ def _fetch(taken: list[tuple[WorkerHandle, object | None, str | None]]) -> list[
     return out
 
 
-__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReaderCounts", "ReportReader", "TurnPacer",
-           "next_turn"]
+__all__ = ["ACK_MAX_S", "ACK_S", "POLL_SHARE", "MAX_TURN_S", "TURN_S", "WATCH_S", "ReaderCounts", "ReportReader",
+           "TurnPacer", "next_turn"]
