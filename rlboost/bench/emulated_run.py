@@ -262,4 +262,4 @@ def _one_step(rollout, cfg: CheckConfig, emu: EmulationConfig, train, train_gpus
         relay_cpu_s=run.relay_cpu_s, driver_cpu_s=driver_cpu,
         tokens=sum(len(s.response_ids) for g in done for s in g.samples),
         samples=sum(len(g.samples) for g in done), deaths=list(run.stats.deaths), reports=run.reports,
-        instance_s=metrics["spot/instance_s"], preemptible_share=metrics.get("rollout/preemptible_token_share", 0.0))
+        instance_s=metrics["spot/instance_s"], preemptible_share=metrics["rollout/preemptible_token_share"])
