@@ -59,6 +59,12 @@ def test_jsq_zero_cap_uses_only_free_slots():
     assert assignment == {"x": "a", "y": "a"}
 
 
+def test_jsq_a_worker_that_does_not_queue_takes_only_its_free_slots():
+    loads = [replace(worker("a", running=1, max_running=2), queue=False), worker("b", running=4)]
+    assignment = JSQDispatcher(2).assign([f"s{i}" for i in range(6)], loads)
+    assert Counter(assignment.values()) == {"a": 1, "b": 2}
+
+
 def test_jsq_holds_the_share_of_incoming_workers():
     # two ready workers, two pulling the step's weights: the ready ones take half, the rest waits
     ready = [worker("a"), worker("b")]

@@ -209,3 +209,43 @@ def test_the_reserved_workers_of_a_late_window_take_their_share_from_the_instanc
     s.run_to_end()
     assert_exact_tokens(s)
     assert s.state.stats.migrated["seed_share"] == 4
+
+
+def test_a_limited_worker_takes_only_its_slots_and_queues_nothing():
+    s = step(n_groups=2, n=4, length=30, version=4, seed_window_s=None, config=stale(1), ahead=True, max_pending=2)
+    s.join("p0", max_running=4, version=4)
+    s.state.limit("p0", 1)  # the step before runs 3 of its 4 slots
+    assert submitted(s.decide(0.0)) == {"p0": [s.state.workers["p0"].assigned.copy().pop()]}
+    assert len(s.state.pending) == 7
+    s.state.limit("p0", 3)
+    assert len(submitted(s.decide(0.1))["p0"]) == 2 and s.state.holding("p0") == 3
+    s.state.limit("p0", None)  # the step before is over: all 4 slots, and the queue of max_pending 2
+    assert len(submitted(s.decide(0.2))["p0"]) == 3 and s.state.holding("p0") == 6
+    s.run_to_end()
+    assert_exact_tokens(s)
+
+
+def test_a_lower_limit_yields_the_samples_with_fewest_tokens_and_they_continue_exactly():
+    s = step(n_groups=1, n=4, length=30, version=4, seed_window_s=None, config=stale(1), ahead=True, max_pending=0,
+             interval=4)
+    s.join("p0", max_running=4, version=4)
+    s.state.limit("p0", 4)
+    s.decide(0.0)
+    requests = sorted(s.workers["p0"].requests.values(), key=lambda r: r.uid)
+    for i, r in enumerate(requests):
+        r.generated = 2 * i  # 0, 2, 4, 6 tokens, none streamed
+    s.state.limit("p0", 1)  # the step before needs 3 slots back
+    [abort] = s.state.take_commands()
+    assert isinstance(abort, Abort) and abort.reason == "yielded"
+    assert sorted(abort.request_ids) == sorted(r.request_id for r in requests[:3])  # the fewest tokens first
+    s.state.limit("p0", 0)  # asked again before the answer: only the sample not already leaving goes
+    [again] = s.state.take_commands()
+    assert again.request_ids == [requests[3].request_id]
+    s.aborts += [abort, again]
+    s.answer_all()
+    assert not s.decide(0.1) and len(s.state.pending) == 4  # no slot: they wait, holding what they made
+    assert s.state.stats.migrated["yielded"] == 4
+    s.state.limit("p0", None)
+    assert {r.held for c in s.decide(0.2) if isinstance(c, Submit) for r in c.requests} == {0, 2, 4, 6}
+    s.run_to_end()
+    assert_exact_tokens(s)

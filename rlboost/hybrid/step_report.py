@@ -76,10 +76,12 @@ def step_metrics(report: StepReport, outcome: StepOutcome, *, seed_window_s: flo
         "migration/kept_through_notice": float(stats.kept_through_notice),
         "migration/released": float(stats.migrated["released"]),
         # bounded staleness: swaps of a new version between tokens, the reserved workers' share of a
-        # batch started ahead, and workers fenced for falling behind the bound
+        # batch started ahead, workers fenced for falling behind the bound, and the slots a batch started
+        # ahead gave back to the step before it
         "migration/refreshed": float(stats.migrated["refreshed"]),
         "migration/seed_share": float(stats.migrated["seed_share"]),
         "migration/fenced": float(stats.migrated["fenced"]),
+        "migration/yielded": float(stats.migrated["yielded"]),
         "migration/wasted_tokens": float(stats.wasted_tokens),
         "migration/in_flight_at_preemption": float(stats.in_flight_at_preemption),
         "migration/fenced_tokens_dropped": float(stats.fenced_tokens_dropped),

@@ -2,8 +2,8 @@
 
 Contract: given the workers that may take work now and their loads, decide which worker each sample goes
 to. Pure and deterministic: no clock, no randomness, inputs are never mutated. A worker takes a sample
-while it has a free slot (running < max_running), or else while its pending count is below the cap
-Theta; samples that fit nowhere are left out of the result and keep waiting in the manager.
+while it has a free slot (running < max_running), or else, if it queues (`queue`), while its pending
+count is below the cap Theta; samples that fit nowhere are left out of the result and keep waiting in the manager.
 Workers about to take work (`incoming`: pulling the step's weights, seconds from serving) count in
 the decision as the empty workers they will be; the samples that fall to them are left out too, so
 the ready workers do not take the incoming ones' share of the step and leave them idle.
@@ -21,7 +21,8 @@ class WorkerLoad:
     name: str
     running: int        # samples executing on it (holding a KV-cache slot)
     pending: int        # samples assigned to it but queued behind its running ones
-    max_running: int    # its batch capacity (engine.max_num_seqs)
+    max_running: int    # its batch capacity (engine.max_num_seqs), or the slots it may use of it
+    queue: bool = True  # it may take samples beyond its slots, queued behind the running ones (up to Theta)
 
 
 def _occupancy(running: int, max_running: int) -> float:
@@ -44,13 +45,14 @@ class JSQDispatcher:
         # Mutable copies [running, pending] so the queues grow as samples are assigned.
         counts = {load.name: [load.running, load.pending] for load in (*loads, *incoming)}
         capacity = {load.name: load.max_running for load in (*loads, *incoming)}
+        queues = {load.name: load.queue for load in (*loads, *incoming)}
         held = {load.name for load in incoming}
         if len(counts) != len(loads) + len(incoming):
             raise ValueError("worker names must be unique across loads and incoming")
         assignment: dict[str, str] = {}
         for sample_id in sample_ids:
             open_workers = [name for name, (running, pending) in counts.items()
-                            if running < capacity[name] or pending < self.max_pending]
+                            if running < capacity[name] or (queues[name] and pending < self.max_pending)]
             if not open_workers:
                 break  # every later sample would find the same full workers
             chosen = min(open_workers, key=lambda name: (

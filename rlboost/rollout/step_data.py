@@ -200,6 +200,9 @@ class Worker:
     """When it last went from holding nothing to holding samples; None: it holds nothing."""
     busy_s: float = 0.0
     """Seconds it held samples this step, up to `busy_since`."""
+    limit: int | None = None
+    """The slots of `max_running` this step may use while another step's samples hold the rest (a batch
+    filling the tail of the step before, `StepState.limit`); it queues nothing meanwhile. None: all."""
     notice_deadline: float | None = None
     """A NOTICED worker kept samples expected to finish before its kill at this time; what it still holds
     `StepConfig.notice_margin_s` before it is taken back then (None: nothing kept, or taken back)."""
@@ -209,17 +212,22 @@ class Worker:
         return self.status.alive
 
     @property
+    def slots(self) -> int:
+        """The batch slots this step may use: its capacity, or its `limit`."""
+        return self.max_running if self.limit is None else self.limit
+
+    @property
     def running(self) -> int:
-        """Samples it executes (at most its batch capacity); the rest of `assigned` queue behind them."""
-        return min(len(self.assigned), self.max_running)
+        """Samples it executes (at most its slots); the rest of `assigned` queue behind them."""
+        return min(len(self.assigned), self.slots)
 
     @property
     def pending(self) -> int:
-        return max(len(self.assigned) - self.max_running, 0)
+        return max(len(self.assigned) - self.slots, 0)
 
     def load(self) -> WorkerLoad:
         """What the dispatcher and the balancer see of it."""
-        return WorkerLoad(self.name, self.running, self.pending, self.max_running)
+        return WorkerLoad(self.name, self.running, self.pending, self.slots, queue=self.limit is None)
 
     def holding_changed(self, now: float) -> None:
         """Keep `busy_s` after a change of what it holds."""
@@ -290,7 +298,8 @@ class StepStats:
     """Samples moved, by reason: preempted, seed_handoff, rebalanced, noticed, released, seed_share (taken
     from the instances for the reserved workers of a step seeded late), refreshed (their
     worker swapped in a newer version: they continue there on it), fenced (their worker fell more than
-    max_staleness versions behind)."""
+    max_staleness versions behind), yielded (a batch started ahead gave the slots back to the step before,
+    `StepState.limit`)."""
     wasted_tokens: int = 0
     """Generated on workers that died and never received."""
     recomputed_tokens: int = 0

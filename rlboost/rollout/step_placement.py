@@ -111,6 +111,28 @@ class StepPlacement:
             out[uid] = track.base + max(progress.get(track.request_id, 0), track.tokens - track.base)
         return out
 
+    # ---- a batch filling another's free slots --------------------------------------------------------
+
+    def limit(self, name: str, slots: int | None) -> None:
+        """The worker's slots this step may use (a batch started ahead, filling what the step before
+        leaves free on it: its capacity less that step's samples there); None: all of them again. While
+        limited it queues nothing, and what it holds beyond `slots` is taken back at once ("yielded"),
+        the samples with the fewest response tokens first: the step before comes first, and the samples
+        continue exactly elsewhere or later."""
+        w = self.workers.get(name)
+        if w is None or w.limit == slots:
+            return
+        w.limit = slots
+        self._changed()
+        if slots is None or not w.alive:
+            return
+        leaving = {uid for pa in self._aborts.values() if pa.worker == name for uid in pa.requests.values()}
+        staying = [uid for uid in w.assigned if uid not in leaving]
+        if len(staying) > slots:
+            so_far = self._tokens_so_far(w)
+            fewest = sorted(staying, key=lambda uid: (so_far[uid], uid))
+            self._take_back(w, fewest[:len(staying) - slots], "yielded")
+
     # ---- preemption notices --------------------------------------------------------------------------
 
     def _noticed_take_back(self, w: Worker, now: float, deadline: float | None) -> list[str]:
