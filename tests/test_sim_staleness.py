@@ -11,6 +11,8 @@ from dataclasses import replace
 import pytest
 
 from rlboost.rollout.step_state import StepState
+from rlboost.sim.cluster import ClusterRun
+from rlboost.sim.profile import ProfileConfig
 from rlboost.sim.simulator import SimConfig, simulate
 from rlboost.sim.step_trainer import StepTrainer
 from rlboost.sim.workload import Workload, WorkloadConfig
@@ -49,8 +51,8 @@ def test_at_k_0_every_token_is_of_its_step_s_version_and_nothing_runs_ahead(chun
     assert not any(s.migrated.get(reason) for s in r.steps for reason in ("refreshed", "seed_share", "fenced"))
 
 
-@pytest.mark.parametrize("k", [1, 2])
-def test_every_group_is_trained_exactly_once_by_its_own_step(k, monkeypatch):
+@pytest.mark.parametrize(("k", "start_ahead"), [(1, "rollout_end"), (2, "rollout_end"), (1, "tail"), (2, "tail")])
+def test_every_group_is_trained_exactly_once_by_its_own_step(k, start_ahead, monkeypatch):
     trained: list[tuple[int, int]] = []
     start = StepTrainer.start
 
@@ -60,11 +62,56 @@ def test_every_group_is_trained_exactly_once_by_its_own_step(k, monkeypatch):
         return g, seconds
 
     monkeypatch.setattr(StepTrainer, "start", spy)
-    r = simulate(replace(BASE, max_staleness=k))
+    r = simulate(replace(BASE, max_staleness=k, start_ahead=start_ahead))
     assert [s.step for s in r.steps] == list(range(len(r.steps))) and len(r.steps) > 5
     groups = len(Workload(SMALL).step(0))
     for s in r.steps:
         assert sorted(g for step, g in trained if step == s.step) == list(range(groups)), s.step
+
+
+def tail_checked(monkeypatch) -> list[tuple[int, int]]:
+    """After every round of decisions while a batch started in a step's tail runs beside it: no engine holds
+    more of the two than its max_num_seqs, unless the batch ahead holds nothing there (the step comes
+    first: its own samples may queue, the batch ahead's never). Returns (step's, batch ahead's) samples of
+    each engine that held both at such a check."""
+    shared: list[tuple[int, int]] = []
+    decide = ClusterRun._decide
+
+    def checked(self):
+        decide(self)
+        if self.ahead is None or not self.active:
+            return
+        step, ahead = self.step, self.ahead.state
+        for name, w in ahead.workers.items():
+            if w.alive and ahead.holding(name):
+                assert step.holding(name) + ahead.holding(name) <= self.max_running, (name, self.now)
+                if step.holding(name):
+                    shared.append((step.holding(name), ahead.holding(name)))
+
+    monkeypatch.setattr(ClusterRun, "_decide", checked)
+    return shared
+
+
+def test_in_the_tail_the_batch_ahead_takes_only_the_slots_the_step_leaves_free(chunks, monkeypatch):
+    shared = tail_checked(monkeypatch)
+    end, tail = simulate(replace(BASE, max_staleness=1)), simulate(replace(BASE, max_staleness=1, start_ahead="tail"))
+    assert shared and len(shared) > 10  # the two batches did share engines
+    assert chunks and all(0 <= step - version <= 1 for step, version, _ in chunks)
+    # the batch ahead starts before the step's rollout ends: more of it is made before its own step starts
+    def mean_rollout(r):
+        return sum(s.rollout_s for s in r.steps) / len(r.steps)
+
+    assert mean_rollout(tail) < mean_rollout(end)
+
+
+def test_a_step_s_samples_taken_back_in_its_tail_get_the_slots_the_batch_ahead_yields(monkeypatch):
+    """With preemption notices on the scarce segment and engines of 32 slots, samples of a step come back
+    in its tail and take slots the batch ahead held (it yields them), and still no engine holds more
+    than it may."""
+    tail_checked(monkeypatch)
+    r = simulate(replace(BASE, segment="C", max_staleness=1, start_ahead="tail", notice_s=30.0,
+                         profile=replace(ProfileConfig(), max_num_seqs=32)))
+    assert sum(s.migrated.get("yielded", 0) for s in r.steps) > 0 and sum(s.preemptions for s in r.steps) > 0
 
 
 def test_overlap_pays_on_the_paper_s_abundant_segment():

@@ -15,6 +15,8 @@ from rlboost.policies.dispatch import WorkerLoad
 from rlboost.policies.profile import ThroughputProfile
 
 MIGRATIONS = ("token", "recompute")
+START_AHEAD = ("rollout_end", "tail")
+"""When a batch starts ahead of its trainer (max_staleness >= 1): at the step's rollout end, or in its tail."""
 
 
 class StepError(RuntimeError):

@@ -216,9 +216,11 @@ class StepState(StepSeeding, StepPlacement, StepTokens):
                 self._take_back(w, sorted(w.assigned), "released")
         self._retire_if_empty(w)
 
-    def dead(self, name: str, reason: str, now: float, released: bool = False) -> None:
+    def dead(self, name: str, reason: str, now: float, released: bool = False, counted: bool = True) -> None:
         """The worker is gone (killed, vanished, silent, or given back when `released`). Its samples go
-        back to pending from their last received token; anything it sends from now on is dropped."""
+        back to pending from their last received token; anything it sends from now on is dropped.
+        `counted=False`: the step running beside this one (a batch started in its tail) counts the
+        preemption; this one still counts its samples in flight and what they lost."""
         self.now = now
         w = self.workers.get(name)
         if w is None or not w.alive:
@@ -228,7 +230,7 @@ class StepState(StepSeeding, StepPlacement, StepTokens):
         self._changed(members=True)
         stats.deaths.append((now - self.t0, name, reason))
         if w.kind == PREEMPTIBLE and not released:
-            stats.preemptions += 1
+            stats.preemptions += counted
             stats.in_flight_at_preemption += len(w.assigned)
         progress = self.progress(name) if self.progress is not None and w.assigned else {}
         wasted, forgotten = self.ledger.requeue_dead(sorted(w.assigned), progress, self.config.migration == "recompute")

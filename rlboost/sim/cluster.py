@@ -48,10 +48,10 @@ from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop
 from rlboost.rollout.scheduling import expected_of, overruns_of
-from rlboost.rollout.step_state import (PREEMPTIBLE, RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig,
-                                        StepState, Submit, WorkerState)
+from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig, StepState,
+                                        Submit)
 from rlboost.sim.engine_pool import EnginePool
-from rlboost.sim.members import SimInstance
+from rlboost.sim.instance_events import InstanceEvents
 from rlboost.sim.profile import EngineProfile, TrainProfile
 from rlboost.sim.pulls import PullTimes
 from rlboost.sim.records import StepRecord
@@ -69,8 +69,11 @@ if TYPE_CHECKING:
 _ENGINE, _BOOTED, _PULLED, _TRACE, _WINDOW, _TRAINED, _START = range(7)
 
 
-class ClusterRun:
-    """One simulated run of the hybrid (colocated=True) or disaggregated (colocated=False) layout."""
+class ClusterRun(InstanceEvents):
+    """One simulated run of the hybrid (colocated=True) or disaggregated (colocated=False) layout; the
+    instances' events are `InstanceEvents`'."""
+
+    BOOTED, PULLED, WINDOW = _BOOTED, _PULLED, _WINDOW
 
     def __init__(self, cfg: SimConfig, *, engine: EngineProfile, train: TrainProfile, workload: Workload,
                  rollout_gpus: int, train_gpus: int, colocated: bool, trace: SpotTrace | None,
@@ -160,32 +163,60 @@ class ClusterRun:
             self._start(a)
 
     def _settle(self) -> None:
-        """After every instant with events: the decisions of the batch the engines serve and their
+        """After every instant with events: the decisions of the batches the engines serve and their
         commands, until none is left, then the trainer takes the next group."""
         if self.step is not None:
             self._decide()
+            if self._tail_open():
+                self._start_ahead()  # the next batch fills the slots the step's tail leaves free
+                self._decide()
             if self.active and self.step.done:
                 self._rollout_done()  # which may start the next batch ahead: its first decisions now
                 self._decide()
         self._train_next()
 
     def _decide(self) -> None:
-        step = self._serving()
+        """The step's decisions first, then the batch ahead's in the slots the step leaves free."""
         while True:
-            self.pool.report_finished(step, self._lengths(step), self.now)
-            commands = step.decide(self.now)
-            if not commands:
+            issued = False
+            for step, _ in self._served():
+                self.pool.report_finished(self._served(), self.now)
+                commands = step.decide(self.now)
+                issued = issued or bool(commands)
+                self._execute(commands, step)
+                self._limit_ahead()
+            if not issued:
                 break
-            self._execute(commands, step)
 
-    def _serving(self) -> StepState | None:
-        """The batch the engines serve: the one ahead of its trainer, else the step's."""
-        return self.ahead.state if self.ahead is not None else self.step
+    def _served(self) -> list[tuple[StepState, dict[str, int]]]:
+        """The batches the engines serve, each with its response length by uid: the step's rollout (while
+        it lasts), and the batch ahead of its trainer (with max_staleness)."""
+        served = [(self.step, self.lengths)] if self.active else []
+        return served + [(self.ahead.state, self.ahead.lengths)] if self.ahead is not None else served
+
+    def _tail_open(self) -> bool:
+        """Whether the next batch starts ahead now: with max_staleness and start_ahead=tail, once the step's
+        rollout has nothing left to place (its tail) and its trainer holds the reserved GPUs."""
+        step = self.step
+        return (self.cfg.start_ahead == "tail" and bool(self.step_config.max_staleness) and self.colocated
+                and self.ahead is None and self.active and step.released and not step.seeding and not step.pending
+                and not step.done)
+
+    def _limit_ahead(self) -> None:
+        """In the step's tail, the batch ahead uses on each engine the slots the step leaves free there
+        (`StepState.limit`); after it, all of them."""
+        if self.ahead is None:
+            return
+        ahead, step = self.ahead.state, self.step if self.active else None
+        for name, w in ahead.workers.items():
+            if w.alive:
+                ahead.limit(name, None if step is None else max(0, self.max_running - step.holding(name)))
 
     def _lengths(self, step: StepState) -> dict[str, int]:
         return self.ahead.lengths if self.ahead is not None and step is self.ahead.state else self.lengths
 
     def _execute(self, commands, step: StepState) -> None:
+        """Carry out `step`'s commands (the step's or the batch ahead's)."""
         ahead = self.ahead if self.ahead is not None and step is self.ahead.state else None
         for command in commands:
             if isinstance(command, Submit):
@@ -230,7 +261,7 @@ class ClusterRun:
         if ahead is None:
             for inst in self.spot.instances.values():
                 if inst.booted:
-                    self._join(inst)
+                    self._join(inst, step)
         else:
             self.trainer.ready.extend(ahead.groups_done)
             if step.released:  # not seeded (nothing waits for a worker): the trainer starts at once
@@ -247,8 +278,9 @@ class ClusterRun:
         ids = self.work.prompt_ids(k)
         group_lengths = self.work.step(k)
         n = self.work.cfg.samples_per_prompt
-        # uids sort as the sample indices do (a step has fewer than a million samples)
-        uids = [[f"{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(group_lengths)]
+        # uids sort as the sample indices do (a step has fewer than a million samples), and name their step:
+        # in a step's tail an engine serves two
+        uids = [[f"{k}:{g * n + j:06d}" for j in range(len(group))] for g, group in enumerate(group_lengths)]
         lengths = {uid: length for g, group in enumerate(group_lengths) for uid, length in zip(uids[g], group)}
         keys = {uid: str(ids[g]) for g, row in enumerate(uids) for uid in row}
         infos = [SampleInfo(uid, keys[uid], g) for g, row in enumerate(uids) for uid in row]
@@ -263,33 +295,25 @@ class ClusterRun:
             outlook=outlook, expected=expected, ahead=ahead)
         return step, lengths, group_lengths
 
-    def _join(self, inst: SimInstance) -> None:
-        """The instance's engines take part in the batch they serve: serving it (at a version it
-        admits), or pulling its weights."""
-        step = self._serving()
-        state = (WorkerState.NOTICED if inst.doomed else WorkerState.SERVING if step.admits(inst.version)
-                 else WorkerState.PULLING)
-        pulling = inst.version is None and step.admits(self.published)
-        for e in inst.engines:
-            step.join(e.name, PREEMPTIBLE, self.max_running, e.profile, state=state,
-                      pulling_since=inst.pull_started if pulling else None,
-                      version=inst.version if state is WorkerState.SERVING else None)
-
     def _rollout_done(self) -> None:
         self.totals.rollout_end_s = self.now
         self.active = False
         if not self.trainer.released:
             self.trainer.release(self.now)
-        if self.step_config.max_staleness and self.colocated:
+        if self.ahead is not None:
+            self._limit_ahead()  # started in the tail: every slot is the batch ahead's now
+        elif self.step_config.max_staleness and self.colocated:
             self._start_ahead()
 
     def _start_ahead(self) -> None:
-        """The instances go on with the next batch while the trainer trains this one."""
+        """The instances go on with the next batch while the trainer trains this one: from the step's
+        tail, in the slots it leaves free, or from its end."""
         state, lengths, group_lengths = self._batch(self.k + 1, None, None, ahead=True)
         self.ahead = _Ahead(state, lengths, group_lengths)
         for inst in self.spot.instances.values():
             if inst.booted:
-                self._join(inst)
+                self._join(inst, state)
+        self._limit_ahead()
 
     def _close_step(self) -> None:
         stats, totals = self.step.stats, self.totals
@@ -347,92 +371,6 @@ class ClusterRun:
                     inst.version = None
                 self._pull(inst)
         self._push(self.now + self.sync_s, _START, self.k + 1, None)
-
-    # ---- instances ---------------------------------------------------------------------------------
-
-    def _replay_step(self) -> None:
-        actions = None if self.done else self.spot.decide(self.now, self.cap)
-        if actions is None:
-            return
-        for name in actions.kill:
-            self._end_instance(name, preempted=True)
-        for name, kill_at in actions.notify:
-            self._doom(name, kill_at)
-        for name in actions.release:
-            self._end_instance(name, preempted=False)
-        for _ in range(actions.start):
-            self._push(self.now + self.cfg.instance_startup_s, _BOOTED, self.spot.launch(self.now).name, None)
-
-    def _in_step(self) -> bool:
-        """Whether the engines serve a batch now (the step's rollout, or the batch ahead)."""
-        return self.ahead is not None or (self.step is not None and self.active)
-
-    def _booted(self, name: str) -> None:
-        """The instance's engines are up: they pull the newest weights, then serve."""
-        inst = self.spot.instances.get(name)
-        if inst is None:
-            return
-        inst.booted = True
-        inst.engines = [self.pool.add(f"{name}/e{j}", name, self.now) for j in range(self.engines_per_instance)]
-        self._pull(inst)
-        if self._in_step():
-            self._join(inst)
-
-    def _pull(self, inst: SimInstance) -> None:
-        """Start pulling the newest version: a patch, from the base or whole, by what `inst` holds."""
-        self._push(self.spot.pull(inst, self.now, self.published), _PULLED, inst.name, self.published)
-
-    def _pulled(self, name: str, version: int) -> None:
-        inst = self.spot.instances.get(name)
-        if inst is None:
-            return
-        self.spot.pulled(inst, version)
-        if version != self.published:  # a newer version came out during the pull: pull that one
-            self._pull(inst)
-            return
-        inst.version = version
-        if not inst.served:
-            inst.served = True
-            self.totals.provision_s.append(self.now - inst.launched)
-        step = self._serving()
-        if self._in_step() and step.admits(version):
-            for e in inst.engines:
-                step.ready(e.name, self.now, inst.pull_s, version=version)
-
-    def _doom(self, name: str, kill_at: float) -> None:
-        """A preemption notice of the kill at `kill_at`: the instance gets no more work, and its samples
-        are taken back (exact partial outputs) now, or those expected to finish before the kill at its
-        margin before it (`StepState.notice`), so the kill that follows wastes nothing."""
-        inst = self.spot.instances[name]
-        inst.doomed = True
-        if self._in_step():
-            step = self._serving()
-            for e in inst.engines:
-                step.notice(e.name, self.now, kill_at)
-            due = step.next_deadline()
-            if due is not None and due > self.now:
-                self._push(due, _WINDOW, self.k, None)
-
-    def _end_instance(self, name: str, preempted: bool) -> None:
-        """A hard kill (preempted) or a graceful end (a release beyond the cap, the end of the run)."""
-        inst = self.spot.end(name, self.now, preempted)
-        if preempted:
-            self.totals.preemptions += 1
-        step = self._serving()
-        for e in inst.engines:
-            if step is not None and e.name in step.workers:
-                self.pool.sync(e, self.now)
-                self.pool.report_finished(step, self._lengths(step), self.now)
-                if preempted:
-                    self.pool.kill(e, step, self.now)
-                else:
-                    # given back: its samples come back exactly (an abort), then it ends
-                    step.retire(e.name, self.now)
-                    self._execute(step.take_commands(), step)
-                    self._execute(step.take_commands(), step)
-                    step.dead(e.name, "released", self.now, released=True)
-            self.pool.remove(e)
-
 
 @dataclass
 class _Ahead:

@@ -18,7 +18,7 @@ of its own, no clock; every time is the simulated one passed in.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from rlboost.policies.profile import ThroughputProfile
 from rlboost.rollout.step_state import Abort, Partial, StepState, Submit
@@ -77,11 +77,15 @@ class EnginePool:
         for request_id in e.state.advance_to(now):
             self._due.append((e, request_id))
 
-    def report_finished(self, step: StepState, lengths: Mapping[str, int], now: float) -> None:
+    def report_finished(self, served: Sequence[tuple[StepState, Mapping[str, int]]], now: float) -> None:
+        """What the engines finished since the last call, each to the batch of `served` (a step, and its
+        response length by uid) its sample belongs to: an engine may serve two at once (a batch started
+        ahead in the step's tail), their uids apart."""
         due, self._due = self._due, []
         for e, request_id in due:
             held = e.held.pop(request_id)
             uid = request_id.rpartition("#")[0]
+            step, lengths = _owner(served, uid)
             step.chunk(e.name, request_id, 0, lengths[uid] - held, step.workers[e.name].version, True, now, "stop")
 
     def progress(self, name: str, now: float) -> Mapping[str, int]:
@@ -113,15 +117,26 @@ class EnginePool:
         self._reschedule(e)
         step.aborted(command.id, partials, now)
 
-    def kill(self, e: SimEngine, step: StepState, now: float) -> None:
-        """A hard kill: the complete chunks of each attempt reached the manager; the rest is lost."""
+    def kill(self, e: SimEngine, steps: Sequence[StepState], now: float) -> None:
+        """A hard kill: the complete chunks of each attempt reached the manager (the batch of `steps` its
+        sample belongs to); the rest is lost."""
         interval = self.stream_interval
         for request_id, made in e.state.progress().items():
             attempt = made - e.held[request_id]
             streamed = attempt - attempt % interval
-            if streamed:
+            uid = request_id.rpartition("#")[0]
+            step = next((step for step in steps if uid in step.tracked), None)
+            if streamed and step is not None:
                 step.chunk(e.name, request_id, 0, streamed, step.workers[e.name].version, False, now)
-        step.dead(e.name, "preempted by the trace", now)
+        for i, step in enumerate(steps):  # one preemption, the step's (the first), whoever else it hit
+            step.dead(e.name, "preempted by the trace", now, counted=not i)
+
+
+def _owner(served: Sequence[tuple[StepState, Mapping[str, int]]], uid: str) -> tuple[StepState, Mapping[str, int]]:
+    for step, lengths in served:
+        if uid in lengths:
+            return step, lengths
+    raise RuntimeError(f"sample {uid} finished on an engine, but no batch served holds it")
 
 
 __all__ = ["EnginePool"]

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from rlboost.policies.offload import OffloadConfig, OffloadController
+from rlboost.rollout.step_data import START_AHEAD
 from rlboost.sim.async_baseline import async_steps
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.records import StepRecord
@@ -160,6 +161,8 @@ class SimConfig:
     trainer trains this one, swapping in each version the trainer publishes (rlboost.sim.cluster;
     one batch ahead, so a token is at most one version stale whatever k >= 1). verl, verl2x, disagg:
     0 only."""
+    start_ahead: str = "rollout_end"
+    """rlboost, k >= 1: the next batch starts at the rollout's end, or in its tail (as algorithm.start_ahead)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Response lengths of every step (rlboost.sim.workload)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -180,6 +183,8 @@ class SimConfig:
             raise ValueError(f"{_PREFIX}.policy={self.policy!r}; valid: {', '.join(POLICIES)}")
         if self.max_staleness < 0:
             raise ValueError(f"{_PREFIX}.max_staleness must be >= 0, got {self.max_staleness}")
+        if self.start_ahead not in START_AHEAD:
+            raise ValueError(f"{_PREFIX}.start_ahead={self.start_ahead!r}; valid: {', '.join(START_AHEAD)}")
         if self.max_staleness and self.policy in ("verl", "verl2x", "disagg"):
             raise ValueError(f"{_PREFIX}.max_staleness={self.max_staleness}: policy {self.policy} is synchronous; "
                              "staleness applies to verl-async and the rlboost policies")
