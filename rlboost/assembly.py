@@ -235,7 +235,7 @@ def make_rollout(cfg: RLBoostConfig, eos_token_ids: list[int], weights, version:
         return HybridRollout(h, cluster, spec, weights, version, seed=cfg.run.seed, histopipe=histopipe,
                              reserved_usd_per_s=cfg.cost.reserved_usd_per_s(),
                              instance_usd_per_s=cfg.cost.instance_usd_per_s(),
-                             max_staleness=cfg.algorithm.max_staleness)
+                             max_staleness=cfg.algorithm.max_staleness, start_ahead=cfg.algorithm.start_ahead)
     histospec = cfg.rollout.histospec
     engine = make_engine(cfg.model, cfg.engine, eos_token_ids, weights=weights, version=version,
                          draft_tokens=histospec.max_draft if histospec.enabled else 0)

@@ -32,6 +32,7 @@ from rlboost.histospec.config import HistoSpecConfig
 from rlboost.hybrid.config import HybridConfig
 from rlboost.models.config import ModelConfig
 from rlboost.policies.histopipe import HistoPipeConfig
+from rlboost.rollout.step_data import START_AHEAD
 from rlboost.rewards.config import RewardConfig
 from rlboost.run_dir import RunConfig
 from rlboost.spot.cost import CostConfig
@@ -98,10 +99,21 @@ class AlgorithmConfig:
     as soon as a step's rollout is over, while the trainer trains, and swap each new version in
     between tokens; one batch runs ahead, so a token is at most one version stale. Pair it with
     trainer.loss=decoupled (or m2po) to correct for the stale tokens."""
+    start_ahead: str = "rollout_end"
+    """With max_staleness >= 1, when the instances start the next batch: `rollout_end`, once the step's
+    rollout is over; `tail`, earlier, once the step has nothing left to place (its last, longest samples
+    run): the next batch takes the slots those leave free on each instance and gives them back at once
+    when the step needs them (docs/staleness.md, "The tail"). `tail` pays where the rollout bounds the
+    step; where the training does, it slows the tail for nothing."""
 
     def validate(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"algorithm.max_staleness must be >= 0 (versions), got {self.max_staleness}")
+        if self.start_ahead not in START_AHEAD:
+            raise ValueError(f"algorithm.start_ahead={self.start_ahead!r}; choose one of {', '.join(START_AHEAD)}")
+        if self.start_ahead != "rollout_end" and not self.max_staleness:
+            raise ValueError(f"algorithm.start_ahead={self.start_ahead} starts the next batch ahead of its trainer: "
+                             "it needs algorithm.max_staleness >= 1")
 
 
 @dataclasses.dataclass

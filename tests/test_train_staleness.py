@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,15 +43,15 @@ def place_publishes(monkeypatch, kill: bool = False, clock_moved: list[int] | No
     waited, killed, holds = [], [], contextlib.ExitStack()
 
     def held_starter(self, next_batch, params, version):
-        start = starter(self, next_batch, params, version)
+        start, build = starter(self, next_batch, params, version)
         if start is None:
-            return None
+            return None, None
 
         def held_start():
             for h in self.fleet.killable():
                 holds.enter_context(reports_held(self.fleet, h.name))
             start()
-        return held_start
+        return held_start, build
 
     def placed(self, weights, version):
         # events of the run, waited for; the limits only bound a hang and stretch with the machine's load
@@ -133,10 +134,91 @@ def test_an_instance_killed_while_it_generates_ahead_loses_no_sample(tmp_path, m
     assert all(m[s]["staleness/max"] <= 1 for s in m) and m[2]["staleness/mean"] > 0
 
 
+def hold_tails(monkeypatch, kill: bool = False) -> list[dict]:
+    """With start_ahead=tail: each step's tail, held open at events. When the next batch's run is built
+    (the step has nothing left to place), every instance's reports are held, so neither batch's tokens
+    reach the manager and the step cannot end; they are read again once the batch ahead holds samples on
+    an instance that runs samples of the step too (a dispatch decision, no token needed). With `kill`,
+    the first such instance is hard-killed first, holding samples of both batches. Returns, per tail:
+    what the step had left when the batch ahead was built, and the shared instance's samples of each."""
+    starter = HybridRollout._ahead_starter
+    tails: list[dict] = []
+
+    def held_starter(self, next_batch, params, version):
+        start, build = starter(self, next_batch, params, version)
+        if build is None:
+            return start, build
+        def held_build():  # in the loop thread of the step under way
+            step = self.manager.current
+            succ = build()
+            tail = {"done": step.state.done, "pending": len(step.state.pending), "run": succ}
+            tails.append(tail)
+            holds = contextlib.ExitStack()
+            for h in self.fleet.killable():
+                holds.enter_context(reports_held(self.fleet, h.name))
+
+            def release():  # events of the run, waited for: the limit only bounds a hang
+                with holds:
+                    def shared():
+                        return [h for h in self.fleet.killable()
+                                if succ.state.holding(h.name) and step.state.holding(h.name)]
+                    wait_for(lambda: shared() or step.state.done, 60, "the batch ahead on an instance of the step")
+                    both = shared()
+                    if both:
+                        tail["shared"] = (step.state.holding(both[0].name), succ.state.holding(both[0].name))
+                        if kill and not any("killed" in t for t in tails):
+                            tail["killed"] = both[0].name
+                            self.fleet.preempt(both[0], by="the test")
+            threading.Thread(target=release, daemon=True).start()
+            return succ
+        return start, held_build
+
+    monkeypatch.setattr(HybridRollout, "_ahead_starter", held_starter)
+    return tails
+
+
+@pytest.mark.e2e
+def test_the_next_batch_fills_the_free_slots_of_the_step_s_tail(tmp_path, monkeypatch):
+    tails = hold_tails(monkeypatch)
+    out = tmp_path / "run"
+    assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=3", "run.test_freq=0",
+                 "data.max_response_length=360", "algorithm.start_ahead=tail", *AHEAD]) == 0
+    m = metrics_of(out)
+    # step 1 handed its tail to step 2's batch (step 2's, adopted later, may be over before its trainer
+    # comes: then step 3's batch starts at its rollout's end)
+    assert tails and tails[0]["run"].groups_list[0].samples[0].uid.startswith("2:"), tails
+    for tail in tails:
+        assert not tail["done"] and tail["pending"] == 0  # built in the tail: nothing left to place
+        assert tail["shared"][0] > 0 and tail["shared"][1] > 0  # both batches on one instance at once
+    # generated in step 1's tail at version 0, trained at 1: within the bound (check_on_policy refuses any other)
+    assert 0 < m[2]["staleness/mean"] and all(m[s]["staleness/max"] <= 1 for s in m)
+    assert all(m[s]["spot/preemptions"] == 0 for s in m)
+
+
+@pytest.mark.e2e
+def test_a_kill_in_the_tail_loses_no_sample_of_either_batch_and_counts_once(tmp_path, monkeypatch):
+    """A hard kill of an instance holding samples of a step and of the batch started in its tail: each
+    batch's samples continue elsewhere from their last streamed token, every sample is trained once (the
+    ledgers refuse any other) and within the bound, and the preemption is the step's alone."""
+    tails = hold_tails(monkeypatch, kill=True)
+    out = tmp_path / "run"
+    assert main(["train", SMOKE, f"run.output_dir={out}", "run.total_steps=3", "run.test_freq=0",
+                 "data.max_response_length=360", "algorithm.start_ahead=tail", *AHEAD]) == 0
+    m = metrics_of(out)
+    assert tails[0].get("killed"), tails
+    assert sorted(m) == [1, 2, 3]
+    assert m[1]["spot/preemptions"] == 1 and m[1]["migration/preempted"] > 0  # the step's: it ran the tail
+    assert m[2]["spot/preemptions"] == 0 and m[2]["migration/preempted"] > 0  # the batch ahead's moved too
+    assert all(m[s]["staleness/max"] <= 1 for s in m)
+
+
 @pytest.mark.parametrize(("override", "why"), [
     ("algorithm.max_staleness=1", "algorithm.max_staleness=1 runs rollout ahead of the trainer on preemptible workers: "
                                   "it needs rollout.mode=hybrid"),
-    ("algorithm.max_staleness=-1", "algorithm.max_staleness must be >= 0")])
+    ("algorithm.max_staleness=-1", "algorithm.max_staleness must be >= 0"),
+    ("algorithm.start_ahead=tail", "algorithm.start_ahead=tail starts the next batch ahead of its trainer: it needs "
+                                   "algorithm.max_staleness >= 1"),
+    ("algorithm.start_ahead=soon", "algorithm.start_ahead='soon'; choose one of rollout_end, tail")])
 def test_a_bound_the_run_cannot_keep_is_one_line_and_exit_2(override, why, tmp_path, capsys):
     assert main(["train", SMOKE, f"run.output_dir={tmp_path / 'run'}", override]) == 2
     out = capsys.readouterr()

@@ -203,7 +203,7 @@ def run_emulation(cfg: CheckConfig, log=None) -> tuple[list[EmulatedStep], float
     try:
         rollout = HybridRollout(hybrid, cluster, spec, _weights(0), version=0, seed=cfg.seed,
                                 reserved_usd_per_s=reserved_usd_per_s, instance_usd_per_s=instance_usd_per_s,
-                                max_staleness=cfg.max_staleness)
+                                max_staleness=cfg.max_staleness, start_ahead=cfg.start_ahead)
         boot_wall = time.monotonic() - t_begin
         for k in range(cfg.steps):
             steps.append(_one_step(rollout, cfg, emu, train, train_gpus, params, k, provision))

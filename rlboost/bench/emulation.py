@@ -132,7 +132,7 @@ def sim_config(cfg: CheckConfig, startup_s: float, trace_csv: str = ""):
         initial_seed_s=cfg.seed_window_s, workload=emu.lengths(), seed=cfg.seed, duration_s=1.0,
         cost=CostConfig(reserved_usd_per_hour=reserved_usd_per_s * 3600 * cfg.time_scale,
                         instance_usd_per_hour={"spot-2xH100": instance_usd_per_s * 3600 * cfg.time_scale}),
-        link_gbps=2 * FAST_GBPS, max_staleness=cfg.max_staleness,
+        link_gbps=2 * FAST_GBPS, max_staleness=cfg.max_staleness, start_ahead=cfg.start_ahead,
         profile=replace(ProfileConfig(), max_num_seqs=cfg.max_num_seqs, reserved_gbps=FAST_GBPS))
 
 

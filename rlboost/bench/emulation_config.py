@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 from rlboost.policies.offload import OffloadConfig
 from rlboost.sim.emulated import EmulationConfig
+from rlboost.rollout.step_data import START_AHEAD
 from rlboost.sim.specs import MODELS
 from rlboost.sim.workload import WorkloadConfig
 from rlboost.spot.cost import CostConfig
@@ -85,12 +86,17 @@ class CheckConfig:
     max_staleness: int = 0
     """algorithm.max_staleness of the runtime and the simulator's twin (docs/staleness.md): with k > 0
     the instances generate the next step's batch while the stand-in trainer trains."""
+    start_ahead: str = "rollout_end"
+    """algorithm.start_ahead of both (with max_staleness >= 1): the next batch from the step's rollout end,
+    or from its tail (`tail`)."""
 
     def validate(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model={self.model!r}; valid: {', '.join(sorted(MODELS))}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {self.max_staleness}")
+        if self.start_ahead not in START_AHEAD:
+            raise ValueError(f"start_ahead={self.start_ahead!r}; valid: {', '.join(START_AHEAD)}")
         for name in ("instances", "reserved_engines", "prompts", "samples", "steps", "max_num_seqs",
                      "stream_interval", "prompt_len"):
             if getattr(self, name) < 1:

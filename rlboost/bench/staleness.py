@@ -118,7 +118,8 @@ def row(result: CheckResult) -> dict:
     full_batch_rate = _instance_full_batch_rate(cfg, tokens / max(1, sum(e.samples for e in emulated)))
     instance_tokens = sum(e.tokens * e.preemptible_share for e in emulated)
     instance_s = sum(e.instance_s for e in emulated) / ts
-    return {"part": "emulated", "k": cfg.max_staleness, "steps": n, "tokens_per_s": rate, "step_s": emu_s / n,
+    return {"part": "emulated", "k": cfg.max_staleness, "start_ahead": cfg.start_ahead if cfg.max_staleness else None,
+            "steps": n, "tokens_per_s": rate, "step_s": emu_s / n,
             "trainer_idle_s": sum(e.wait_train_s for e in emulated) / n / ts,
             "spot_idle_s": sum(e.wait_remote_s for e in emulated) / n / ts,
             "instances_mean": sum(e.instances for e in emulated) / n,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from rlboost.engine.sampling_params import SamplingParams
@@ -75,6 +75,25 @@ class ChunkColumns:
             start, end = end, end + count
             yield StreamChunk(request_id, self.token_ids[start:end], self.logprobs[start:end], offset, finished,
                               reason, version)
+
+    def split(self, first: Callable[[str], bool]) -> tuple[ChunkColumns, ChunkColumns]:
+        """(the chunks whose request id `first` holds, the others), each in order: a report of a worker
+        serving two steps' samples at once, split between them."""
+        taken: tuple[ChunkColumns, ChunkColumns] = (ChunkColumns([], [], [], [], [], [], [], []),
+                                                    ChunkColumns([], [], [], [], [], [], [], []))
+        end = 0
+        for i, request_id in enumerate(self.request_ids):
+            out = taken[0 if first(request_id) else 1]
+            start, end = end, end + self.counts[i]
+            out.request_ids.append(request_id)
+            out.offsets.append(self.offsets[i])
+            out.counts.append(self.counts[i])
+            out.versions.append(self.versions[i])
+            out.finished.append(self.finished[i])
+            out.finish_reasons.append(self.finish_reasons[i])
+            out.token_ids.extend(self.token_ids[start:end])
+            out.logprobs.extend(self.logprobs[start:end])
+        return taken
 
     def ends(self) -> dict[str, int]:
         """Each request's response length up to its last chunk here."""

@@ -137,7 +137,8 @@ class RolloutManager:
                    order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
                    history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
                    sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
-                   ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False):
+                   ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False,
+                   make_successor: Callable[[], object] | None = None):
         """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
         from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
         every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
@@ -146,12 +147,27 @@ class RolloutManager:
         the length its prompt's history expects (HistoPipe's), for what a preemption notice leaves running.
         `ahead`: a run started before its trainer comes (`StepRun.adopt`), `version` the one that will
         train it; `on_done`: called from the run's thread once its rollout is over (bounded staleness).
-        `exact`: every token of `version`, whatever the run's max_staleness (an evaluation)."""
+        `exact`: every token of `version`, whatever the run's max_staleness (an evaluation).
+        `make_successor`: builds the next step's run in this one's tail (`rlboost.hybrid.step_succession`)."""
+        return self.begin(self.make_step(groups, params, version, seed_window_s, order, overruns, history, outlook,
+                                         sibling_tokens_per_step, expected, ahead, on_done, exact, make_successor))
+
+    def make_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
+                  order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                  history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
+                  sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
+                  ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False,
+                  make_successor: Callable[[], object] | None = None):
+        """`start_step`'s run, not started: building it changes nothing of the table's (`begin` starts it)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
         policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook, expected)
-        run = StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
-                      history, sibling_tokens_per_step, 0 if exact else self.max_staleness, ahead, on_done)
+        return StepRun(self.table, self.reader, self.pulls, policies, self.cfg, groups, params, version, seed_window_s,
+                       history, sibling_tokens_per_step, 0 if exact else self.max_staleness, ahead, on_done,
+                       make_successor)
+
+    def begin(self, run):
+        """Start `run` (a `make_step`'s); it is the step under way from now."""
         self.current = run  # before it starts: whoever ends the run (`cancel_step`) finds it, however this returns
         run.start()
         return run

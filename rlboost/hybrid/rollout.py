@@ -10,7 +10,9 @@ With `max_staleness` k > 0 (docs/staleness.md) a training step given `next_batch
 the instances the moment its own rollout is over, while the trainer still trains: a run ahead of its
 trainer at the version that will train it (`StepRun(ahead=True)`). The next `generate` adopts it: the
 reserved workers seed what is left, and the groups that finished meanwhile go to the trainer first.
-One batch runs ahead at a time, as in the simulator (`rlboost.sim.cluster`).
+One batch runs ahead at a time, as in the simulator (`rlboost.sim.cluster`). With
+`algorithm.start_ahead=tail` that batch starts earlier, in the step's tail, in the slots its last samples
+leave free (`rlboost.hybrid.step_succession`).
 """
 
 from __future__ import annotations
@@ -46,13 +48,15 @@ from rlboost.spot import ProgressClock
 class HybridRollout:
     def __init__(self, cfg: HybridConfig, cluster: Cluster, spec: WorkerSpec, weights, version: int, seed: int,
                  histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0,
-                 max_staleness: int = 0):
+                 max_staleness: int = 0, start_ahead: str = "rollout_end"):
         """`cluster`: the run's Ray, which outlives this backend (`close` ends the workers, not Ray).
         `reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
         instances with (`cost.*`; 0: no price, no cap from it). `max_staleness` k: how many versions
         behind the trainer a token may be (0: the synchronous step; the module docstring)."""
         self.cfg = cfg
         self.max_staleness = max_staleness
+        self.start_ahead = start_ahead
+        """When the next batch starts ahead of its trainer (k > 0): "rollout_end" or "tail" (the module docstring)."""
         self.ahead: StepRun | None = None
         """The next training step's run, started ahead of its trainer (k > 0), until `generate` adopts it."""
         self._ahead_error: BaseException | None = None
@@ -115,19 +119,20 @@ class HybridRollout:
                 self.memory.remember(groups)
             ahead.adopt(plan.seed_window_s, plan.outlook)
             self.run = ahead
-            start_next = self._ahead_starter(next_batch, params, version) if next_batch else None
-            if start_next is not None and not ahead.chain(start_next):
+            start_next, make_next = self._ahead_starter(next_batch, params, version) if next_batch else (None, None)
+            if start_next is not None and not ahead.chain(start_next, make_next):
                 start_next()  # its rollout was over before its trainer came: the next batch starts now
         else:
             if training:
                 with self._memory_lock:
                     order, overruns, expected = self.memory.plan(groups, version)
                     self.memory.remember(groups)
-            on_done = self._ahead_starter(next_batch, params, version) if training and next_batch else None
+            on_done, make_next = (self._ahead_starter(next_batch, params, version) if training and next_batch
+                                  else (None, None))
             # an evaluation has no seeding window: every worker generates to the end
             self.run = self.manager.start_step(groups, params, version, plan and plan.seed_window_s, order, overruns,
                                                self.memory.responses, plan and plan.outlook, self._siblings(),
-                                               expected, on_done=on_done, exact=not training)
+                                               expected, on_done=on_done, exact=not training, make_successor=make_next)
         if self.progress is not None and ahead is None:  # a run started ahead is on the clock since it started
             self.progress.begin(self.run.tokens)
         return self._released(self.run)
@@ -137,22 +142,30 @@ class HybridRollout:
         # only the suffix drafter drafts from siblings
         return spec.sibling_tokens_per_step if spec is not None and spec.drafter in SUFFIX_DRAFTERS else 0
 
-    def _ahead_starter(self, next_batch: Callable[[], list[Group]], params: SamplingParams,
-                       version: int) -> Callable[[], None] | None:
-        """What starts the next batch ahead of its trainer (k > 0), called from the loop thread of this
-        step's run once its rollout is over (the run's `on_done`): at version + 1, the one its trainer
-        will train from, so it admits only the tokens within k of that. None with k = 0."""
+    def _ahead_starter(self, next_batch: Callable[[], list[Group]], params: SamplingParams, version: int
+                       ) -> tuple[Callable[[], None] | None, Callable[[], StepRun] | None]:
+        """(what starts the next batch ahead of its trainer, what builds it in this step's tail), both
+        called from the loop thread of this step's run: the first once its rollout is over (the run's
+        `on_done`), the second (start_ahead=tail) once its tail opens (`rlboost.hybrid.step_succession`),
+        and then the first starts the run the second built. At version + 1, the one its trainer will
+        train from, so it admits only the tokens within k of that. (None, None) with k = 0."""
         if not self.max_staleness:
-            return None
+            return None, None
+        built: list[StepRun] = []
+
+        def build() -> StepRun:
+            groups = next_batch()
+            with self._memory_lock:  # remembered once adopted: this step's batch is yet to be absorbed
+                order, overruns, expected = self.memory.plan(groups, version + 1)
+            built.append(self.manager.make_step(groups, params, version + 1, None, order, overruns,
+                                                self.memory.responses, None, self._siblings(), expected, ahead=True))
+            return built[-1]
 
         def start() -> None:
             try:
-                groups = next_batch()
-                with self._memory_lock:  # remembered once adopted: this step's batch is yet to be absorbed
-                    order, overruns, expected = self.memory.plan(groups, version + 1)
-                self.ahead = self.manager.start_step(groups, params, version + 1, None, order, overruns,
-                                                     self.memory.responses, None, self._siblings(), expected,
-                                                     ahead=True)
+                run = built[0] if built else build()
+                run.succeed()
+                self.ahead = self.manager.begin(run)
                 if self.progress is not None:
                     # the run's progress goes on while the trainer trains: the trace's events and the
                     # chaos's kills land in the batch ahead too, not all at once when its trainer comes.
@@ -161,7 +174,7 @@ class HybridRollout:
             except BaseException as e:  # noqa: BLE001 - raised by the next generate, in the driver
                 self._ahead_error = e
 
-        return start
+        return start, (build if self.start_ahead == "tail" else None)
 
     @staticmethod
     def _released(run: StepRun) -> Iterator[Group]:

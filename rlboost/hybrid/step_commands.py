@@ -85,7 +85,7 @@ class StepCommands:
                 self._out.put(self.groups_by_index[command.group])
             elif isinstance(command, ReleaseReserved):
                 self._release_reserved()
-            elif isinstance(command, Retire):
+            elif isinstance(command, Retire) and not self._peer_holds(command.worker):
                 self.table.retire(self.table.get(command.worker), time.monotonic())
 
     def _release_reserved(self) -> None:

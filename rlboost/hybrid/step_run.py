@@ -36,6 +36,7 @@ from rlboost.hybrid.pulls import PullTracker
 from rlboost.hybrid.sibling_relay import SiblingRelay
 from rlboost.hybrid.step_commands import StepCommands
 from rlboost.hybrid.step_report import StepReport
+from rlboost.hybrid.step_succession import StepSuccession
 from rlboost.hybrid.report_relay import RelayedReports
 from rlboost.hybrid.streams import TurnPacer
 from rlboost.hybrid.token_ledger import ledger_path, read_ledger
@@ -73,15 +74,16 @@ class StepPolicies:
     """uid -> the response length its prompt's history expects (HistoPipe's): what a notice leaves running."""
 
 
-class StepRun(StepCommands):
+class StepRun(StepCommands, StepSuccession):
     """One step's rollout, driven by a thread; `groups()` yields finished groups to the trainer. The
-    commands and the answers to its calls are `StepCommands`'s."""
+    commands and the answers to its calls are `StepCommands`'s, the next batch run in its tail
+    `StepSuccession`'s."""
 
     def __init__(self, table: WorkerTable, reader: RelayedReports, pulls: PullTracker, policies: StepPolicies,
                  cfg: HybridConfig, groups: list[Group], params: SamplingParams, version: int,
                  seed_window_s: float | None, history: Callable[[list[int]], list[list[int]]] | None = None,
                  sibling_tokens_per_step: int = 0, max_staleness: int = 0, ahead: bool = False,
-                 on_done: Callable[[], None] | None = None):
+                 on_done: Callable[[], None] | None = None, make_successor: Callable[[], StepRun] | None = None):
         """The step, not started: building it changes nothing of the table's. `start()` hands it the
         workers. `sibling_tokens_per_step` > 0: forward each worker the tokens of its groups' samples
         running elsewhere, up to that many per worker (`rlboost.hybrid.sibling_relay`)."""
@@ -99,6 +101,13 @@ class StepRun(StepCommands):
             longest_pull_s=pulls.longest_s, outlook=policies.outlook, expected=policies.expected, ahead=ahead)
         self.groups_list = groups
         self.on_done = on_done
+        self.make_successor = make_successor
+        """Builds the next training step's run (not started) once this step's tail opens (max_staleness
+        > 0, start_ahead=tail; `rlboost.hybrid.step_succession`); None: not in this step."""
+        self.successor: StepRun | None = None
+        """That run, driven by this loop until this step's rollout is over."""
+        self.peer: StepRun | None = None
+        """The run driving this one (this is its successor), until the hand-over."""
         self._calls: list[tuple[Callable[[], None], threading.Event, list]] = []
         self._calls_lock = threading.Lock()
         self._closed = False  # the loop ran its last calls: later ones run in their caller
@@ -216,13 +225,13 @@ class StepRun(StepCommands):
             raise box[0]
         return True
 
-    def chain(self, on_done: Callable[[], None]) -> bool:
-        """Set `on_done` while the loop runs (any thread). False: the loop has ended; if its rollout
-        finished, the caller runs `on_done` itself."""
+    def chain(self, on_done: Callable[[], None], make_successor: Callable[[], StepRun] | None = None) -> bool:
+        """Set `on_done` (and `make_successor`) while the loop runs (any thread). False: the loop has
+        ended; if its rollout finished, the caller runs `on_done` itself."""
         with self._calls_lock:
             if not self._taking_calls():
                 return False
-            self.on_done = on_done
+            self.on_done, self.make_successor = on_done, make_successor
             return True
 
     def _taking_calls(self) -> bool:
@@ -264,6 +273,8 @@ class StepRun(StepCommands):
     def joined(self, h: WorkerHandle, now: float) -> None:
         """`h` takes part in the step: serving its version, pulling it, or draining."""
         state = self.state
+        if self.successor is not None:
+            self.successor.joined(h, now)
         if h.name in state.workers or not h.alive or (state.ahead and h.kind == RESERVED):
             return  # a run ahead of its trainer gets the reserved workers when it is adopted
         serving = state.admits(h.version) and h.state is not WorkerState.JOINING
@@ -274,6 +285,8 @@ class StepRun(StepCommands):
 
     def ready(self, h: WorkerHandle, pull_s: float, now: float) -> None:
         """`h` verified the current version."""
+        if self.successor is not None:
+            self.successor.ready(h, pull_s, now)
         if h.name not in self.state.workers:
             self.joined(h, now)
         elif self.state.admits(h.version):
@@ -281,9 +294,13 @@ class StepRun(StepCommands):
 
     def noticed(self, h: WorkerHandle, now: float, deadline: float | None) -> None:
         self.state.notice(h.name, now, deadline)
+        if self.successor is not None:
+            self.successor.noticed(h, now, deadline)
 
     def retiring(self, h: WorkerHandle, now: float) -> None:
         self.state.retire(h.name, now)  # the step gives it back once it holds nothing
+        if self.successor is not None:
+            self.successor.retiring(h, now)
 
     def dying(self, h: WorkerHandle, now: float) -> None:
         """Apply the reports of `h` not handled yet: its death is about to be declared (by its stream's
@@ -298,11 +315,14 @@ class StepRun(StepCommands):
     def replacing(self, count: int, failed: str | None, now: float) -> None:
         self.state.replacing(count, failed)
 
-    def died(self, h: WorkerHandle, reason: str, cause: str, now: float) -> None:
+    def died(self, h: WorkerHandle, reason: str, cause: str, now: float, counted: bool = True) -> None:
+        """`counted=False`: the run driving this one (`peer`) counts the preemption."""
+        if self.successor is not None:
+            self.successor.died(h, reason, cause, now, counted=False)
         state = self.state
         worker = state.workers.get(h.name)
         held, wasted = (len(worker.assigned) if worker is not None else 0), state.stats.wasted_tokens
-        state.dead(h.name, reason, now, h.released)
+        state.dead(h.name, reason, now, h.released, counted)
         if not h.released:
             event("%s %s %s: %d samples migrated, %d tokens lost", describe(h), h.name, cause, held,
                   state.stats.wasted_tokens - wasted)
@@ -332,11 +352,13 @@ class StepRun(StepCommands):
                     self._execute(state.decide(now))
                     if state.done:
                         break
+                    self._drive_successor(now)
                     self._receive()
                     self._collect_answers()
                     if self.siblings is not None:
                         self.siblings.relay(state.tracked, self.table.get)
                     self._execute(state.take_commands())  # finished groups go to the trainer at once
+                    self._successor_turn()
                     self._reader.turn_s = self._pacer.gap(time.thread_time() - turn_cpu)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer, never swallowed
                 self._out.put(e)
@@ -367,6 +389,7 @@ class StepRun(StepCommands):
         for h, reason in self._liveness.check(table.alive(), now):
             table.declare_dead(h, reason, now)
         self.pulls.settle(table, now)
+        self._successor_timeouts(now)
         for ref, (_, h, sent) in list(self._aborts.items()):
             if now - sent > self.cfg.call_timeout_s:
                 table.declare_dead(h, f"no answer to an abort in {self.cfg.call_timeout_s}s (rollout.hybrid.call_timeout_s)",
@@ -388,7 +411,10 @@ class StepRun(StepCommands):
             h.generated = report.generated
             if report.batch_size and report.step_s > 0:
                 state.observe(h.name, report.batch_size, report.batch_size / report.step_s)
-        state.chunks(h.name, report.chunks, now)  # a fenced worker's are counted and dropped by the state
+        mine, theirs = self._split(report.chunks)
+        state.chunks(h.name, mine, now)  # a fenced worker's are counted and dropped by the state
+        if theirs is not None:
+            self.successor.state.chunks(h.name, theirs, now)
         if self.siblings is not None:
             for request_id in report.chunks.request_ids:
                 if track := state.tracked.get(request_id.rpartition("#")[0]):
