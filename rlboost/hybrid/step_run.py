@@ -317,15 +317,15 @@ class StepRun(StepCommands, StepSuccession):
 
     def died(self, h: WorkerHandle, reason: str, cause: str, now: float, counted: bool = True) -> None:
         """`counted=False`: the run driving this one (`peer`) counts the preemption."""
-        if self.successor is not None:
-            self.successor.died(h, reason, cause, now, counted=False)
         state = self.state
         worker = state.workers.get(h.name)
         held, wasted = (len(worker.assigned) if worker is not None else 0), state.stats.wasted_tokens
         state.dead(h.name, reason, now, h.released, counted)
-        if not h.released:
-            event("%s %s %s: %d samples migrated, %d tokens lost", describe(h), h.name, cause, held,
-                  state.stats.wasted_tokens - wasted)
+        if not h.released:  # the batch started in the step's tail says its own, as the next batch's
+            event("%s %s %s: %d samples%s migrated, %d tokens lost", describe(h), h.name, cause, held,
+                  "" if counted else " of the next batch", state.stats.wasted_tokens - wasted)
+        if self.successor is not None:
+            self.successor.died(h, reason, cause, now, counted=False)
 
     # ---- the loop ------------------------------------------------------------------------------------
 
