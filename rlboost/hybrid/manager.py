@@ -133,14 +133,19 @@ class RolloutManager:
                     raise TimeoutError(f"workers not at weight version {self.manifest.version} after {limit}s")
                 time.sleep(0.01)
 
-    def start_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
-                   order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                   history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
-                   sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
-                   ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False,
-                   make_successor: Callable[[], object] | None = None):
-        """Generate every sample of `groups` at weight `version` (see StepRun); its thread owns the workers
-        from before this returns until the step ends, and releases them itself. `seed_window_s=None`:
+    def start_step(self, *args, **kwargs):
+        """`make_step(*args, **kwargs)`, started (`begin`): its thread owns the workers from before this
+        returns until the step ends, and releases them itself."""
+        return self.begin(self.make_step(*args, **kwargs))
+
+    def make_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
+                  order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
+                  history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
+                  sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
+                  ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False,
+                  make_successor: Callable[[], object] | None = None):
+        """The run that generates every sample of `groups` at weight `version` (see StepRun), not started:
+        building it changes nothing of the table's (`begin` starts it). `seed_window_s=None`:
         every worker generates to the end (evaluation). `outlook`: the offload controller's, for the
         no-regret hand-off (None: at the window's end).
         `sibling_tokens_per_step`: HistoSpec's sibling progress across workers (0: off). `expected`: uid ->
@@ -149,16 +154,6 @@ class RolloutManager:
         train it; `on_done`: called from the run's thread once its rollout is over (bounded staleness).
         `exact`: every token of `version`, whatever the run's max_staleness (an evaluation).
         `make_successor`: builds the next step's run in this one's tail (`rlboost.hybrid.step_succession`)."""
-        return self.begin(self.make_step(groups, params, version, seed_window_s, order, overruns, history, outlook,
-                                         sibling_tokens_per_step, expected, ahead, on_done, exact, make_successor))
-
-    def make_step(self, groups: list[Group], params: SamplingParams, version: int, seed_window_s: float | None,
-                  order: list[str] | None = None, overruns: Callable[[dict[str, int]], list[str]] | None = None,
-                  history: Callable[[list[int]], list[list[int]]] | None = None, outlook: StepOutlook | None = None,
-                  sibling_tokens_per_step: int = 0, expected: Callable[[str], float | None] | None = None,
-                  ahead: bool = False, on_done: Callable[[], None] | None = None, exact: bool = False,
-                  make_successor: Callable[[], object] | None = None):
-        """`start_step`'s run, not started: building it changes nothing of the table's (`begin` starts it)."""
         from rlboost.hybrid.step_run import StepPolicies, StepRun
 
         policies = StepPolicies(self.dispatcher, self.balancer, order, overruns, outlook, expected)

@@ -205,9 +205,10 @@ class ClusterRun(InstanceEvents):
     def _limit_ahead(self) -> None:
         """In the step's tail, the batch ahead uses on each engine the slots the step leaves free there
         (`StepState.limit`); after it, all of them."""
-        if self.ahead is None:
-            return
+        if self.ahead is None or not (self.active or self.ahead.limited):
+            return  # nothing to limit: no batch ahead, or its limits were lifted at the rollout's end
         ahead, step = self.ahead.state, self.step if self.active else None
+        self.ahead.limited = step is not None
         for name, w in ahead.workers.items():
             if w.alive:
                 ahead.limit(name, None if step is None else max(0, self.max_running - step.holding(name)))
@@ -381,6 +382,8 @@ class _Ahead:
     group_lengths: list[list[int]]
     groups_done: list[int] = field(default_factory=list)
     """Its groups finished so far, in order: its trainer takes them first."""
+    limited: bool = False
+    """Its workers' slots are limited (started in the step's tail, until the step's rollout ends)."""
 
 
 __all__ = ["ClusterRun"]
