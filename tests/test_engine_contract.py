@@ -79,6 +79,15 @@ def test_is_an_engine_backend(engine):
     assert isinstance(engine, EngineBackend)
 
 
+def test_it_says_whether_its_kv_cache_binds_before_its_sequences(engine):
+    """vLLM's blocks hold a number of tokens that long samples fill before max_num_seqs do (at least one
+    full context); rlboost's cache grows per sequence up to max_model_len, for every one: None."""
+    if isinstance(engine, LLMEngine):
+        assert engine.kv_capacity_tokens is None
+    else:
+        assert isinstance(engine.kv_capacity_tokens, int) and engine.kv_capacity_tokens >= MAX_LEN
+
+
 @pytest.mark.parametrize("interval", [1, 3])
 def test_streaming_bounded_chunks_greedy_equals_hf(engine, reference, interval):
     engine.config.stream_interval = interval

@@ -316,6 +316,8 @@ def test_rollout_worker_runs_on_the_emulated_engine(worker):
                       heartbeat_interval_s=0.1, engine_factory=factory)
     worker_ = RolloutWorker(spec)
     assert type(worker_.engine).__name__ == "EmulatedEngine" and worker_.info().max_running == 16
+    # it reports the modelled engine's KV cache: where a step's tail bounds the next batch
+    assert worker_.info().kv_tokens == int(factory.config.profiles()[0].kv_capacity_tokens) > 0
     assert worker_.fingerprint == _tiny_fingerprint()  # with or without a skeleton: the run's model
     sp = SamplingParams(max_tokens=1000, seed=long_seed(worker_.engine, 64))
     worker_.submit([("a", PROMPT, sp, len(PROMPT)), ("b", PROMPT, SamplingParams(max_tokens=200, seed=7), len(PROMPT))])

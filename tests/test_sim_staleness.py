@@ -10,7 +10,10 @@ from dataclasses import replace
 
 import pytest
 
+import rlboost.sim.cluster as cluster_module
+from rlboost.policies.tail_share import KV_SHARE
 from rlboost.rollout.step_state import StepState
+from rlboost.sim.batching import EngineState
 from rlboost.sim.cluster import ClusterRun
 from rlboost.sim.profile import ProfileConfig
 from rlboost.sim.simulator import SimConfig, simulate
@@ -71,7 +74,9 @@ def test_every_group_is_trained_exactly_once_by_its_own_step(k, start_ahead, mon
 
 def tail_checked(monkeypatch) -> list[tuple[int, int]]:
     """After every round of decisions while a batch started in a step's tail runs beside it: no engine holds
-    more of the two than its max_num_seqs, unless the batch ahead holds nothing there (the step comes
+    more of the two than its max_num_seqs, nor plans on more than KV_SHARE of its KV cache (the step's
+    samples at their longest, the batch ahead's at the step's mean), unless the batch ahead holds
+    nothing there (the step comes
     first: its own samples may queue, the batch ahead's never). Returns (step's, batch ahead's) samples of
     each engine that held both at such a check."""
     shared: list[tuple[int, int]] = []
@@ -82,9 +87,13 @@ def tail_checked(monkeypatch) -> list[tuple[int, int]]:
         if self.ahead is None or not self.active:
             return
         step, ahead = self.step, self.ahead.state
+        longest, mean = self.work.cfg.max_response, step.mean_response
+        held_context, ahead_context = self.prompt_len + longest, self.prompt_len + (mean or longest)
         for name, w in ahead.workers.items():
             if w.alive and ahead.holding(name):
                 assert step.holding(name) + ahead.holding(name) <= self.max_running, (name, self.now)
+                kv = step.holding(name) * held_context + ahead.holding(name) * ahead_context
+                assert kv <= KV_SHARE * self.kv_tokens, (name, self.now)
                 if step.holding(name):
                     shared.append((step.holding(name), ahead.holding(name)))
 
@@ -112,6 +121,37 @@ def test_a_step_s_samples_taken_back_in_its_tail_get_the_slots_the_batch_ahead_y
     r = simulate(replace(BASE, segment="C", max_staleness=1, start_ahead="tail", notice_s=30.0,
                          profile=replace(ProfileConfig(), max_num_seqs=32)))
     assert sum(s.migrated.get("yielded", 0) for s in r.steps) > 0 and sum(s.preemptions for s in r.steps) > 0
+
+
+def evictions_of(cfg: SimConfig, monkeypatch) -> tuple[int, float]:
+    """(samples the engines evicted because their KV cache was full, tokens/s) of a simulated run."""
+    evicted = [0]
+    settle = EngineState._settle
+
+    def counted(self):
+        before = self.preemptions
+        settle(self)
+        evicted[0] += self.preemptions - before
+
+    monkeypatch.setattr(EngineState, "_settle", counted)
+    r = simulate(cfg)
+    return evicted[0], r.throughput_tokens_per_s
+
+
+def test_where_the_kv_cache_binds_the_tail_leaves_the_step_s_samples_their_cache(monkeypatch):
+    """32B engines on long responses fit far fewer samples in their KV cache than max_num_seqs: counted in
+    sequences alone, the batch ahead filled the cache in the step's tail and the engines evicted (and
+    recomputed) three times as many samples as from the rollout's end, for less throughput. Counted in KV
+    tokens too (`ahead_slots`), the tail evicts about as many as the rollout's end and runs faster."""
+    cfg = SimConfig(model="qwen3-32b", segment="C", duration_s=3600.0, max_staleness=1,
+                    workload=WorkloadConfig(prompts_per_step=64, median_response=3500, max_response=14336))
+    end_evicted, end_rate = evictions_of(cfg, monkeypatch)
+    tail_evicted, tail_rate = evictions_of(replace(cfg, start_ahead="tail"), monkeypatch)
+    share = cluster_module.ahead_slots
+    monkeypatch.setattr(cluster_module, "ahead_slots", lambda max_running, held, *kv: share(max_running, held))
+    seqs_evicted, seqs_rate = evictions_of(replace(cfg, start_ahead="tail"), monkeypatch)
+    assert end_evicted > 100  # the cache does bind
+    assert tail_evicted < 1.5 * end_evicted < seqs_evicted and tail_rate > end_rate > seqs_rate
 
 
 def test_overlap_pays_on_the_paper_s_abundant_segment():

@@ -249,3 +249,41 @@ def test_a_stop_landing_in_start_step_leaves_the_workers_owned_once_and_released
     manager.table.owner.release()
     with pytest.raises(RuntimeError, match="rollout cancelled"):
         list(run.groups())
+
+
+# ---- the next batch in a step's tail --------------------------------------------------------------------
+
+def test_in_a_step_s_tail_the_runtime_counts_a_kv_cache_that_binds_before_its_sequences():
+    """`StepRun._limit_successor` gives the batch ahead, on each worker, what `ahead_slots` leaves it: on a
+    worker whose engine reports its KV cache in tokens (vLLM's blocks), the step's samples there counted
+    at prompt + max_tokens; on one that reports none (the CPU engine), the sequences left free."""
+    from rlboost.cluster.config import WeightsConfig
+    from rlboost.engine.sampling_params import SamplingParams
+    from rlboost.hybrid.config import HybridConfig
+    from rlboost.hybrid.manager import RolloutManager
+    from rlboost.policies.tail_share import ahead_slots
+    from rlboost.rollout import new_groups
+
+    class Row:
+        data_source, ground_truth, extra_info = "test", None, {}
+
+    manager = RolloutManager(HybridConfig(), WeightsConfig())
+    params = SamplingParams(max_tokens=1000)
+    run = manager.make_step(new_groups(0, [(0, [5] * 100, Row())], 8, run_seed=0), params, 0, None)
+    succ = manager.make_step(new_groups(1, [(1, [5] * 60, Row())], 8, run_seed=0), params, 1, None, ahead=True)
+    bounded = WorkerHandle("p0", PREEMPTIBLE, None, 0, "", max_running=16, version=0, kv_tokens=10_000)
+    unbounded = WorkerHandle("p1", PREEMPTIBLE, None, 0, "", max_running=16, version=0)
+    for h in (bounded, unbounded):
+        h.state = WorkerState.SERVING
+        manager.table.admit(h)
+        run.joined(h, 0.0)
+    run.state.decide(0.0)  # the step's 8 samples go to the two workers
+    held = {name: run.state.holding(name) for name in ("p0", "p1")}
+    assert held["p0"] > 0 and held["p1"] > 0
+    run.successor = succ
+    for h in (bounded, unbounded):
+        succ.joined(h, 0.0)
+    run._limit_successor()
+    # nothing finished yet: the batch ahead's samples too are counted at their longest (60 + 1,000 tokens)
+    assert succ.state.workers["p0"].slots == ahead_slots(16, held["p0"], 10_000, 1100, 1060) < 16 - held["p0"]
+    assert succ.state.workers["p1"].slots == 16 - held["p1"]

@@ -204,6 +204,11 @@ class EngineBackend(Protocol):
     last_step: tuple[int, bool]
     last_decode_steps: int
     fingerprint: str
+    kv_capacity_tokens: int | None
+    """Tokens of context its KV cache holds, all requests together, where that can bind before
+    `max_num_seqs` does (vLLM's blocks); None: it cannot (the CPU engine's cache grows per request up to
+    max_model_len). The next batch's share of an engine in a step's tail counts it
+    (`rlboost.policies.tail_share`)."""
     exact_continuation: bool
     """Whether prompt + partial tokens resubmitted with the same seed continue exactly as the
     uninterrupted request would have, sampled too (greedy continuation is exact on every backend that

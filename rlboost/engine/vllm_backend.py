@@ -160,6 +160,10 @@ class VllmEngine:
         self.vllm_spec = VllmSpecCounts()
         """What vLLM verified since the engine started, whichever proposer drafted."""
         self._engine = LLMEngine.from_engine_args(args, stat_loggers=[spec_counter(self.vllm_spec)])
+        cache = self._engine.vllm_config.cache_config
+        self.kv_capacity_tokens = cache.num_gpu_blocks * cache.block_size if cache.num_gpu_blocks else None
+        """Its KV blocks, in tokens (EngineBackend.kv_capacity_tokens): long samples fill them before
+        max_num_seqs do."""
         self.draft_tokens = draft_tokens
         budget = SpecBudget(config.spec_max_batch, ragged=True, prior=config.verify_curve())
         self._relay = DraftRelay(draft_tokens, budget, SpecStats())

@@ -127,7 +127,7 @@ class Fleet:
             if instance is not None:  # None: the fleet shut down while it booted
                 instance.booted(info.pid, info.node_id)
             handle = WorkerHandle(name, kind, actor, info.pid, info.node_id, info.max_running, info.version,
-                                  info.fingerprint, info.checksum, launched=launched)
+                                  info.fingerprint, info.checksum, launched=launched, kv_tokens=info.kv_tokens)
             if self.manager.add_worker(handle):
                 handles.append(handle)
                 if kind == PREEMPTIBLE:

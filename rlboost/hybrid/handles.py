@@ -60,6 +60,8 @@ class WorkerHandle:
     """A liveness probe in flight (sent when the stream has been quiet for a heartbeat interval)."""
     profile: ThroughputProfile = field(default_factory=ThroughputProfile)
     """Its decode tokens/s by batch size: the balancer's plateau B."""
+    kv_tokens: int | None = None
+    """Its engine's KV cache in tokens where that binds before max_running (vLLM's); None: it does not."""
 
     @property
     def alive(self) -> bool:

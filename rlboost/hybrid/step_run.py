@@ -90,6 +90,9 @@ class StepRun(StepCommands, StepSuccession):
         self.table, self.pulls, self.cfg = table, pulls, cfg
         self.params, self.version, self.history = params, version, history
         self.groups_by_index = {g.index: g for g in groups}
+        samples = [s for g in groups for s in g.samples]
+        self.prompt_tokens = sum(len(s.prompt_ids) for s in samples) / max(1, len(samples))
+        """Mean prompt length of the step's samples (what a sample's KV starts at)."""
         self.t0 = time.monotonic()
         self.state = StepState(
             [(s.uid, g.index, s) for g in groups for s in g.samples], version=version,

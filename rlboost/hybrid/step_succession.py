@@ -5,7 +5,8 @@ Once a step has nothing left to place and its trainer holds the reserved GPUs (i
 longest samples run on a few instances), the next training step's run is built (`make_successor`,
 not started) and its loop's work is done by this step's loop, turn by turn, after this step's:
 - the successor's decisions, in the slots this step leaves free on each worker
-  (`StepState.limit`: a worker's `max_running` less this step's samples there); this step always
+  (`StepState.limit`, `rlboost.policies.tail_share.ahead_slots`: a worker's `max_running` less this
+  step's samples there, and of a KV cache that binds first what they can never need); this step always
   decides first, and a sample of this step that comes back (a preemption) takes a slot the successor
   yields at once;
 - every worker report split between the two by the request id's sample (uids name their step);
@@ -17,11 +18,12 @@ the successor every slot (`succeed`) and starts its own loop from where it stand
 running: no abort, no re-prefill. A worker given back ends once neither step holds anything there.
 
 `StepSuccession` is a base of `StepRun` and works on its attributes: `table`, `state`, `cfg`,
-`successor`, `make_successor`, `peer`; the successor is a `StepRun` too.
+`successor`, `make_successor`, `peer`, `params`, `prompt_tokens`; the successor is a `StepRun` too.
 """
 
 from __future__ import annotations
 
+from rlboost.policies.tail_share import ahead_slots
 from rlboost.rollout.step_state import WorkerState
 
 
@@ -47,12 +49,18 @@ class StepSuccession:
         return state.released and not state.seeding and not state.pending and not state.done
 
     def _limit_successor(self) -> None:
-        """Each of the successor's workers: the slots this step leaves free there."""
-        succ, state = self.successor.state, self.state
-        for name, w in succ.workers.items():
+        """Each of the successor's workers: what this step leaves free there, in sequences and, where
+        the engine's KV cache binds first, in its tokens (`ahead_slots`): this step's samples counted at
+        their longest, the successor's at this step's mean response so far."""
+        succ, state = self.successor, self.state
+        longest, mean = self.params.max_tokens, state.mean_response
+        held_context = self.prompt_tokens + longest
+        ahead_context = succ.prompt_tokens + (longest if mean is None else mean)
+        for name, w in succ.state.workers.items():
             h = self.table.get(name)
             if w.alive and h is not None:
-                succ.limit(name, max(0, h.max_running - state.holding(name)))
+                succ.state.limit(name, ahead_slots(h.max_running, state.holding(name), h.kv_tokens,
+                                                   held_context, ahead_context))
 
     def _successor_turn(self) -> None:
         """The answers to the successor's control calls, and its commands issued since."""

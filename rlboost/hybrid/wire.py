@@ -54,6 +54,8 @@ class WorkerInfo:
     """Checksum of the version it serves ("" before its first pull)."""
     visible_gpus: str | None = None
     """Its CUDA_VISIBLE_DEVICES, as Ray set it for the GPUs it owns (None: unset, it owns none)."""
+    kv_tokens: int | None = None
+    """Its engine's KV cache in tokens, where that binds before max_running (`EngineBackend.kv_capacity_tokens`)."""
 
 
 __all__ = ["WorkerInfo", "WorkerReport"]

@@ -125,7 +125,8 @@ class RolloutWorker:
 
         node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
         return WorkerInfo(os.getpid(), node, self.engine.config.max_num_seqs, self.engine.weight_version,
-                          self.fingerprint, self.checksum, os.environ.get("CUDA_VISIBLE_DEVICES"))
+                          self.fingerprint, self.checksum, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                          self.engine.kv_capacity_tokens)
 
     def ping(self) -> int:
         """Liveness: answered by a free actor thread even while the engine is in a long step."""

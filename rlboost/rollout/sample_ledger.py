@@ -41,6 +41,8 @@ class SampleLedger:
         self.running: dict[str, Tracked] = {}
         """Request id -> the sample of every attempt running now (any other request id is stale)."""
         self.num_finished = 0
+        self.finished_tokens = 0
+        """Response tokens of the finished samples, all together."""
 
     @property
     def all_finished(self) -> bool:
@@ -105,6 +107,7 @@ class SampleLedger:
         if track.sample is not None:
             track.sample.finish_reason = reason
         self.num_finished += 1
+        self.finished_tokens += track.tokens
         self.remaining[track.group] -= 1
         return self.remaining[track.group] == 0
 

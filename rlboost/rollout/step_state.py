@@ -296,6 +296,12 @@ class StepState(StepSeeding, StepPlacement, StepTokens):
         return self.ledger.num_finished
 
     @property
+    def mean_response(self) -> float | None:
+        """Mean response tokens of the samples finished so far; None: none has."""
+        ledger = self.ledger
+        return ledger.finished_tokens / ledger.num_finished if ledger.num_finished else None
+
+    @property
     def released(self) -> bool:
         """The reserved resources are the trainer's."""
         return self._released

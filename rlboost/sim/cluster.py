@@ -47,6 +47,7 @@ from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop
+from rlboost.policies.tail_share import ahead_slots
 from rlboost.rollout.scheduling import expected_of, overruns_of
 from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig, StepState,
                                         Submit)
@@ -89,6 +90,7 @@ class ClusterRun(InstanceEvents):
         self.meter = meter
         self.max_steps = max_steps
         self.max_running = engine.cfg.max_num_seqs
+        self.kv_tokens = int(engine.kv_capacity_tokens)
         self.dispatcher = JSQDispatcher(cfg.max_pending)
         self.balancer = Balancer()
         self.step_config = StepConfig(share_with_pulling=cfg.share_with_pulling, migration=cfg.migration,
@@ -203,15 +205,19 @@ class ClusterRun(InstanceEvents):
                 and not step.done)
 
     def _limit_ahead(self) -> None:
-        """In the step's tail, the batch ahead uses on each engine the slots the step leaves free there
-        (`StepState.limit`); after it, all of them."""
+        """In the step's tail, the batch ahead uses on each engine what the step leaves free there, in
+        sequences and KV tokens (`ahead_slots`, `StepState.limit`); after it, all of it."""
         if self.ahead is None or not (self.active or self.ahead.limited):
             return  # nothing to limit: no batch ahead, or its limits were lifted at the rollout's end
         ahead, step = self.ahead.state, self.step if self.active else None
         self.ahead.limited = step is not None
+        if step is not None:  # the step's samples counted at their longest, the batch ahead's at the step's mean
+            longest, mean = self.work.cfg.max_response, step.mean_response
+            contexts = self.prompt_len + longest, self.prompt_len + (longest if mean is None else mean)
         for name, w in ahead.workers.items():
             if w.alive:
-                ahead.limit(name, None if step is None else max(0, self.max_running - step.holding(name)))
+                ahead.limit(name, None if step is None else ahead_slots(
+                    self.max_running, step.holding(name), self.kv_tokens, *contexts))
 
     def _lengths(self, step: StepState) -> dict[str, int]:
         return self.ahead.lengths if self.ahead is not None and step is self.ahead.state else self.lengths

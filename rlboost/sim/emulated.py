@@ -173,6 +173,8 @@ class EmulatedEngine:
         self.lengths = ResponseLengths(config.lengths())
         self.prompt_len = config.workload.prompt_len
         self.state = _PacedState(self.profile, self.prompt_len)
+        self.kv_capacity_tokens = int(self.profile.kv_capacity_tokens)
+        """The modelled engine's KV cache (EngineBackend.kv_capacity_tokens): where its batch binds."""
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self.model = model
         self.fingerprint = weights_fingerprint(dict(model.named_parameters())) if model is not None else fingerprint
