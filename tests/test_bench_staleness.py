@@ -28,7 +28,10 @@ def test_the_bench_runs_ahead_of_its_trainer_within_the_bound(monkeypatch):
     [measured] = result["results"]
     assert measured["part"] == "emulated" and measured["k"] == 1 and measured["steps"] == 2
     assert measured["tokens_per_s"] > 0 and measured["sim_tokens_per_s"] > 0 and measured["step_s"] > 0
-    assert 0 < measured["seed_s"] + measured["train_s"] < measured["step_s"] and 0 < measured["spot_decode_use"] < 1
+    # no overlap brings a step below its training; the seeding window is planned, and with the batch ahead
+    # started in the tail (the default) little or nothing may be left to seed when its trainer comes
+    assert 0 < measured["train_s"] < measured["step_s"] and measured["seed_s"] > 0
+    assert 0 < measured["spot_decode_use"] < 1
     assert versions[0] == {0}
     # steps 1 and 2 were started ahead of their trainer, on the version before theirs
     assert all(step - 1 in versions[step] and versions[step] <= {step - 1, step} for step in (1, 2))

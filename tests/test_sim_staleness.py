@@ -103,7 +103,8 @@ def tail_checked(monkeypatch) -> list[tuple[int, int]]:
 
 def test_in_the_tail_the_batch_ahead_takes_only_the_slots_the_step_leaves_free(chunks, monkeypatch):
     shared = tail_checked(monkeypatch)
-    end, tail = simulate(replace(BASE, max_staleness=1)), simulate(replace(BASE, max_staleness=1, start_ahead="tail"))
+    end = simulate(replace(BASE, max_staleness=1, start_ahead="rollout_end"))
+    tail = simulate(replace(BASE, max_staleness=1))  # the default
     assert shared and len(shared) > 10  # the two batches did share engines
     assert chunks and all(0 <= step - version <= 1 for step, version, _ in chunks)
     # the batch ahead starts before the step's rollout ends: more of it is made before its own step starts
@@ -145,7 +146,7 @@ def test_where_the_kv_cache_binds_the_tail_leaves_the_step_s_samples_their_cache
     tokens too (`ahead_slots`), the tail evicts about as many as the rollout's end and runs faster."""
     cfg = SimConfig(model="qwen3-32b", segment="C", duration_s=3600.0, max_staleness=1,
                     workload=WorkloadConfig(prompts_per_step=64, median_response=3500, max_response=14336))
-    end_evicted, end_rate = evictions_of(cfg, monkeypatch)
+    end_evicted, end_rate = evictions_of(replace(cfg, start_ahead="rollout_end"), monkeypatch)
     tail_evicted, tail_rate = evictions_of(replace(cfg, start_ahead="tail"), monkeypatch)
     share = cluster_module.ahead_slots
     monkeypatch.setattr(cluster_module, "ahead_slots", lambda max_running, held, *kv: share(max_running, held))

@@ -86,9 +86,9 @@ class CheckConfig:
     max_staleness: int = 0
     """algorithm.max_staleness of the runtime and the simulator's twin (docs/staleness.md): with k > 0
     the instances generate the next step's batch while the stand-in trainer trains."""
-    start_ahead: str = "rollout_end"
-    """algorithm.start_ahead of both (with max_staleness >= 1): the next batch from the step's rollout end,
-    or from its tail (`tail`)."""
+    start_ahead: str = "tail"
+    """algorithm.start_ahead of both (with max_staleness >= 1): the next batch from the step's tail (the
+    default), or from its rollout's end (`rollout_end`)."""
 
     def validate(self) -> None:
         if self.model not in MODELS:

@@ -11,8 +11,9 @@ twin of the same run. One row per k (`part: "emulated"`):
   once it has the reserved GPUs; `spot_idle_s`: the mean time from the step's last response to its end;
 - `sim_tokens_per_s`: the simulator's prediction of the same run, and `sim_diff`; `startup_s`: the
   instances' measured launch-to-serving time the twin was given, `sim_instances_mean` what it held;
-- what bounds a faster step: the reserved GPUs' mean busy time per step, `seed_s` (the seeding window,
-  T_seed) then `train_s` (the modelled training), below which no overlap can bring the step; and
+- what bounds a faster step: the reserved GPUs' mean busy time per step, `seed_s` (the seeding window
+  planned, T_seed: the reserved GPUs seed at most that long, less where the batch ahead left little to
+  seed) then `train_s` (the modelled training), below which no overlap can bring the step; and
   `spot_decode_use`, the instances' generated tokens over what the instance-seconds held (booting
   included) would decode at a full batch (`max_num_seqs`, or what the KV cache fits, at the run's mean
   context): decode is memory-bound, so the rest is slots a rollout that never waits could fill.

@@ -7,12 +7,12 @@ simulator runs too): T_seed before it; after it, from the step's `StepReport`, t
 and the cap on instances the provider may hold.
 
 With `max_staleness` k > 0 (docs/staleness.md) a training step given `next_batch` starts that batch on
-the instances the moment its own rollout is over, while the trainer still trains: a run ahead of its
-trainer at the version that will train it (`StepRun(ahead=True)`). The next `generate` adopts it: the
-reserved workers seed what is left, and the groups that finished meanwhile go to the trainer first.
-One batch runs ahead at a time, as in the simulator (`rlboost.sim.cluster`). With
-`algorithm.start_ahead=tail` that batch starts earlier, in the step's tail, in the slots its last samples
-leave free (`rlboost.hybrid.step_succession`).
+the instances in its tail (`algorithm.start_ahead=tail`, the default: what its last samples leave free,
+`rlboost.hybrid.step_succession`) or the moment its own rollout is over (`rollout_end`), and it goes on
+while the trainer still trains: a run ahead of its trainer at the version that will train it
+(`StepRun(ahead=True)`). The next `generate` adopts it: the reserved workers seed what is left, and the
+groups that finished meanwhile go to the trainer first. One batch runs ahead at a time, as in the
+simulator (`rlboost.sim.cluster`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from rlboost.spot import ProgressClock
 class HybridRollout:
     def __init__(self, cfg: HybridConfig, cluster: Cluster, spec: WorkerSpec, weights, version: int, seed: int,
                  histopipe: HistoPipe | None = None, reserved_usd_per_s: float = 0.0, instance_usd_per_s: float = 0.0,
-                 max_staleness: int = 0, start_ahead: str = "rollout_end"):
+                 max_staleness: int = 0, start_ahead: str = "tail"):
         """`cluster`: the run's Ray, which outlives this backend (`close` ends the workers, not Ray).
         `reserved_usd_per_s`, `instance_usd_per_s`: the prices the offload objective weighs
         instances with (`cost.*`; 0: no price, no cap from it). `max_staleness` k: how many versions

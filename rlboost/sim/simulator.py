@@ -161,8 +161,8 @@ class SimConfig:
     trainer trains this one, swapping in each version the trainer publishes (rlboost.sim.cluster;
     one batch ahead, so a token is at most one version stale whatever k >= 1). verl, verl2x, disagg:
     0 only."""
-    start_ahead: str = "rollout_end"
-    """rlboost, k >= 1: the next batch starts at the rollout's end, or in its tail (as algorithm.start_ahead)."""
+    start_ahead: str = "tail"
+    """rlboost, k >= 1: the next batch starts in the step's tail, or at its rollout's end (algorithm.start_ahead)."""
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     """Response lengths of every step (rlboost.sim.workload)."""
     profile: ProfileConfig = field(default_factory=ProfileConfig)
