@@ -62,9 +62,9 @@ class LLMEngine:
     """Takes ownership of `model` (moved to the device, projections fused in place)."""
 
     exact_continuation = True
+    """Token t's draw depends only on (seed, t): a resumed request continues exactly."""
     kv_capacity_tokens = None
     """Its cache grows per sequence up to max_model_len, for every one of max_num_seqs: sequences bind first."""
-    """Token t's draw depends only on (seed, t): a resumed request continues exactly."""
 
     def __init__(self, model: PreTrainedModel, config: EngineConfig | None = None,
                  eos_token_ids: Iterable[int] = (), weight_version: int = 0, drafter: Drafter | None = None):
