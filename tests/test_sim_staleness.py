@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 
 import rlboost.sim.cluster as cluster_module
-from rlboost.policies.tail_share import KV_SHARE
+from rlboost.policies.tail_share import KV_SHARE, tail_contexts
 from rlboost.rollout.step_state import StepState
 from rlboost.sim.batching import EngineState
 from rlboost.sim.cluster import ClusterRun
@@ -87,8 +87,8 @@ def tail_checked(monkeypatch) -> list[tuple[int, int]]:
         if self.ahead is None or not self.active:
             return
         step, ahead = self.step, self.ahead.state
-        longest, mean = self.work.cfg.max_response, step.mean_response
-        held_context, ahead_context = self.prompt_len + longest, self.prompt_len + (mean or longest)
+        held_context, ahead_context = tail_contexts(self.prompt_len, self.prompt_len, self.work.cfg.max_response,
+                                                    step.mean_response)
         for name, w in ahead.workers.items():
             if w.alive and ahead.holding(name):
                 assert step.holding(name) + ahead.holding(name) <= self.max_running, (name, self.now)

@@ -57,3 +57,10 @@ def test_a_bounded_cache_without_the_samples_contexts_is_an_error():
         ahead_slots(16, 2, 100_000)
     with pytest.raises(ValueError, match=">= 0"):
         ahead_slots(-1, 0)
+
+
+def test_the_step_s_samples_count_at_their_longest_the_batch_ahead_s_at_the_step_s_mean():
+    from rlboost.policies.tail_share import tail_contexts
+
+    assert tail_contexts(100, 60, 1000, 300.0) == (1100, 360.0)
+    assert tail_contexts(100, 60, 1000, None) == (1100, 1060)  # nothing finished yet: at their longest too

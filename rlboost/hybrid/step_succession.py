@@ -23,7 +23,7 @@ running: no abort, no re-prefill. A worker given back ends once neither step hol
 
 from __future__ import annotations
 
-from rlboost.policies.tail_share import ahead_slots
+from rlboost.policies.tail_share import ahead_slots, tail_contexts
 from rlboost.rollout.step_state import WorkerState
 
 
@@ -53,14 +53,11 @@ class StepSuccession:
         the engine's KV cache binds first, in its tokens (`ahead_slots`): this step's samples counted at
         their longest, the successor's at this step's mean response so far."""
         succ, state = self.successor, self.state
-        longest, mean = self.params.max_tokens, state.mean_response
-        held_context = self.prompt_tokens + longest
-        ahead_context = succ.prompt_tokens + (longest if mean is None else mean)
+        contexts = tail_contexts(self.prompt_tokens, succ.prompt_tokens, self.params.max_tokens, state.mean_response)
         for name, w in succ.state.workers.items():
             h = self.table.get(name)
             if w.alive and h is not None:
-                succ.state.limit(name, ahead_slots(h.max_running, state.holding(name), h.kv_tokens,
-                                                   held_context, ahead_context))
+                succ.state.limit(name, ahead_slots(h.max_running, state.holding(name), h.kv_tokens, *contexts))
 
     def _successor_turn(self) -> None:
         """The answers to the successor's control calls, and its commands issued since."""

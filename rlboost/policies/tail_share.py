@@ -26,6 +26,15 @@ estimate's error: the batch ahead's samples reach the mean response only on aver
 ones come late."""
 
 
+def tail_contexts(prompt_tokens: float, ahead_prompt_tokens: float, max_tokens: int,
+                  mean_response: float | None) -> tuple[float, float]:
+    """(held_context, ahead_context) for `ahead_slots`: one of the step's samples at its longest (its
+    prompt + `max_tokens`), one of the batch ahead's at what it is expected to reach (its prompt + the
+    mean response of the samples the step has finished; `max_tokens` while none has)."""
+    expected = max_tokens if mean_response is None else mean_response
+    return prompt_tokens + max_tokens, ahead_prompt_tokens + expected
+
+
 def ahead_slots(max_running: int, held: int, kv_tokens: int | None = None, held_context: float = 0.0,
                 ahead_context: float = 0.0) -> int:
     """Samples a batch started ahead may hold on one engine in a step's tail.
@@ -46,4 +55,4 @@ def ahead_slots(max_running: int, held: int, kv_tokens: int | None = None, held_
     return max(0, min(free, math.floor(room / ahead_context)))
 
 
-__all__ = ["KV_SHARE", "ahead_slots"]
+__all__ = ["KV_SHARE", "ahead_slots", "tail_contexts"]

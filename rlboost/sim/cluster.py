@@ -47,7 +47,7 @@ from rlboost.policies.dispatch import JSQDispatcher
 from rlboost.policies.histopipe import HistoPipe, HistoPipeConfig, SampleInfo
 from rlboost.policies.offload import OffloadController
 from rlboost.policies.offload_loop import OffloadLoop
-from rlboost.policies.tail_share import ahead_slots
+from rlboost.policies.tail_share import ahead_slots, tail_contexts
 from rlboost.rollout.scheduling import expected_of, overruns_of
 from rlboost.rollout.step_state import (RESERVED, Abort, GroupDone, ReleaseReserved, Retire, StepConfig, StepState,
                                         Submit)
@@ -211,9 +211,8 @@ class ClusterRun(InstanceEvents):
             return  # nothing to limit: no batch ahead, or its limits were lifted at the rollout's end
         ahead, step = self.ahead.state, self.step if self.active else None
         self.ahead.limited = step is not None
-        if step is not None:  # the step's samples counted at their longest, the batch ahead's at the step's mean
-            longest, mean = self.work.cfg.max_response, step.mean_response
-            contexts = self.prompt_len + longest, self.prompt_len + (longest if mean is None else mean)
+        if step is not None:
+            contexts = tail_contexts(self.prompt_len, self.prompt_len, self.work.cfg.max_response, step.mean_response)
         for name, w in ahead.workers.items():
             if w.alive:
                 ahead.limit(name, None if step is None else ahead_slots(
